@@ -1,0 +1,34 @@
+# flowc developer entry points.  Needs python3 (>= 3.10) with the venv module
+# (Debian: apt-get install python3-venv) and a C++ compiler (apt-get install g++).
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+# The stamp is rebuilt only when the package metadata changes, so `make test`
+# does not reinstall every time; the install is editable, so code edits need no
+# reinstall either.
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+test: venv
+	$(VPY) -m pytest -q tests
+
+demo: venv
+	$(VPY) examples/mlp_train_demo.py
+
+bench: venv
+	$(VPY) -m pytest benchmarks --benchmark-only -q
+
+# Removes build outputs in the tree only; the kernel cache ($$FLOWC_CACHE_DIR or
+# ~/.cache/flowc) is left alone: delete that directory to empty it.
+clean:
+	rm -rf $(VENV) build dist .eggs *.egg-info .pytest_cache .benchmarks benchmarks/results
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

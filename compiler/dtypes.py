@@ -1,0 +1,47 @@
+"""flow's dtype objects (`flow.float32`, `flow.int32`, ...), thin names over IR dtype names."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class DType:
+    """A data type as users write it: `flow.float`, `flow.int32`, ...
+
+    Example:
+        flow.float32.numpy_dtype  # dtype('float32')
+    """
+
+    def __init__(self, ir_name: str) -> None:
+        self.ir_name = ir_name
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(self.ir_name)
+
+    def __eq__(self, other: object) -> bool:
+        other_name = getattr(other, "ir_name", None)
+        if other_name is None:
+            # Only real dtype spellings compare: np.dtype(None) would mean float64.
+            if not isinstance(other, (np.dtype, str)) and not (isinstance(other, type)
+                                                             and issubclass(other, np.generic)):
+                return NotImplemented
+            try:
+                other_name = np.dtype(other).name
+            except TypeError:
+                return NotImplemented
+        return self.ir_name == other_name
+
+    def __hash__(self) -> int:
+        return hash(np.dtype(self.ir_name))   # equal to NumPy's dtype, so it hashes like it
+
+    def __repr__(self) -> str:
+        return f"flow.{self.ir_name}"
+
+
+float32 = DType("float32")
+float64 = DType("float64")
+int8 = DType("int8")
+uint8 = DType("uint8")
+int32 = DType("int32")
+int64 = DType("int64")
+BY_NAME = {d.ir_name: d for d in (float32, float64, int8, uint8, int32, int64)}

@@ -1,0 +1,18 @@
+"""Errors users see, each pointing at their own source line where one is known."""
+from __future__ import annotations
+
+
+class FlowError(Exception):
+    """Base of flowc's own errors."""
+
+
+class TraceError(FlowError, ValueError):
+    """A job function misuses an op while it is traced; the message starts with the user's file:line."""
+
+
+class JobCallError(FlowError, TypeError):
+    """A job function was called with arguments that do not match its placeholders."""
+
+
+class StepError(FlowError, RuntimeError):
+    """A compiled step failed at run time (for example a label out of range)."""

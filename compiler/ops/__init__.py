@@ -1,0 +1,62 @@
+"""The op rule table: one `OpRule` row per op.
+
+A row holds everything the compiler needs to know about an op, so adding an op
+means adding a row, not editing switches across files:
+
+* `infer`     input types + attrs -> output type (raises `ShapeError` on misuse)
+* `reference` NumPy implementation, used by the reference executor (the test oracle)
+* `gradient`  the vector-Jacobian product, written in other ops through a `GradEmitter`
+* `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row
+* `c_expr`    pointwise ops: a C++ expression over `{0}`, `{1}`, ... and `{T}`;
+              reductions: how the accumulator `{0}` combines with an element `{1}`
+* `c_init`    reductions: the identity element
+* `template`  for row ops, the name of the kernel template under codegen_templates/cpu/
+* `input_strides` for pointwise ops that read their input at a remapped index (transpose)
+
+Rows are registered by the modules imported at the bottom of this file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row")
+
+
+class ShapeError(ValueError):
+    """An op was applied to inputs of the wrong shape, rank or dtype."""
+
+
+@dataclass(frozen=True)
+class OpRule:
+    name: str
+    kind: str
+    infer: Callable[[list, dict], Any]
+    reference: Callable[..., Any]
+    gradient: Optional[Callable] = None     # (GradEmitter, node, dy) -> list of input grads (id or None)
+    c_expr: Optional[str] = None             # pointwise: the value; reduction: combine {0} (acc) with {1}
+    c_init: Optional[str] = None             # reduction only: the identity, a C++ expression over {T}
+    template: Optional[str] = None           # row kernels only
+    differentiable: bool = True              # False: no gradient flows through (argmax, masks)
+    # pointwise ops that read their input at another index than their own (transpose):
+    # (attrs, input shape, output shape) -> element strides of the input per output dim
+    input_strides: Optional[Callable[[dict, tuple, tuple], list]] = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, self.kind
+        assert (self.kind in ("pointwise", "reduction")) == (self.c_expr is not None), self.name
+        assert (self.kind == "reduction") == (self.c_init is not None), self.name
+
+
+OPS: dict[str, OpRule] = {}
+
+
+def register(rule: OpRule) -> OpRule:
+    if rule.name in OPS:
+        raise ValueError(f"op {rule.name!r} registered twice")
+    OPS[rule.name] = rule
+    return rule
+
+
+# Importing the modules fills the table.
+from compiler.ops import sources, pointwise, reductions, linalg, nn  # noqa: E402,F401

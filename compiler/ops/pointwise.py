@@ -1,0 +1,245 @@
+"""Elementwise ops: one output element from the same-index elements of the inputs.
+
+Binary ops broadcast like NumPy.  Every row's `c_expr` is the whole C++ lowering:
+fusion inlines these expressions into one loop, so no op needs a kernel of its own.
+Gradients are written in other ops; `GradEmitter.sum_to` undoes broadcasting.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir import FLOAT_DTYPES, TensorType, numpy_dtype
+from compiler.ops import OpRule, ShapeError, register
+
+
+def broadcast_shape(a: tuple, b: tuple, op: str) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        raise ShapeError(f"{op}: shapes {list(a)} and {list(b)} cannot be broadcast together") from None
+
+
+def _same_dtype(op: str, types: list) -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        raise ShapeError(f"{op}: operands have different dtypes {sorted(dtypes)}; use flow.cast first")
+    return types[0].dtype
+
+
+def _unary_float(op: str):
+    def infer(inputs: list, attrs: dict) -> TensorType:
+        (x,) = inputs
+        if x.dtype not in FLOAT_DTYPES:
+            raise ShapeError(f"{op}: needs a floating-point input, got {x.dtype}")
+        return TensorType(x.shape, x.dtype)
+    return infer
+
+
+def _unary_any(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    return TensorType(x.shape, x.dtype)
+
+
+def _binary(op: str):
+    def infer(inputs: list, attrs: dict) -> TensorType:
+        a, b = inputs
+        return TensorType(broadcast_shape(a.shape, b.shape, op), _same_dtype(op, inputs))
+    return infer
+
+
+def _same_shape(op: str):
+    def infer(inputs: list, attrs: dict) -> TensorType:
+        if len({t.shape for t in inputs}) != 1:
+            raise ShapeError(f"{op}: operands must have the same shape, got {[list(t.shape) for t in inputs]}")
+        return TensorType(inputs[0].shape, _same_dtype(op, inputs))
+    return infer
+
+
+def broadcast_strides(in_shape: tuple, out_shape: tuple) -> list[int]:
+    """Element strides of a C-contiguous `in_shape` array read at `out_shape` indices."""
+    strides = [0] * len(out_shape)
+    step = 1
+    for k in range(1, len(in_shape) + 1):
+        dim = in_shape[-k]
+        if dim != 1:
+            strides[-k] = step
+        step *= dim
+    return strides
+
+
+# --- gradients -----------------------------------------------------------------
+
+def _add_grad(e, node, dy):
+    a, b = node.inputs
+    return [e.sum_to(dy, a), e.sum_to(dy, b)]
+
+
+def _sub_grad(e, node, dy):
+    a, b = node.inputs
+    return [e.sum_to(dy, a), e.sum_to(e.op("negative", dy), b)]
+
+
+def _mul_grad(e, node, dy):
+    a, b = node.inputs
+    return [e.sum_to(e.op("multiply", dy, b), a), e.sum_to(e.op("multiply", dy, a), b)]
+
+
+def _div_grad(e, node, dy):
+    a, b = node.inputs
+    da = e.op("divide", dy, b)
+    db = e.op("negative", e.op("divide", e.op("multiply", dy, node.id), b))
+    return [e.sum_to(da, a), e.sum_to(db, b)]
+
+
+def _extremum_grad(e, node, dy):
+    # The gradient goes to whichever operand was chosen (the first one on ties).
+    a, b = node.inputs
+    picked_a = e.op("eq_mask", node.id, a)
+    da = e.op("multiply", dy, picked_a)
+    db = e.op("multiply", dy, e.op("subtract", e.const(1.0, node.id), picked_a))
+    return [e.sum_to(da, a), e.sum_to(db, b)]
+
+
+def _neg_grad(e, node, dy):
+    return [e.op("negative", dy)]
+
+
+def _relu_grad(e, node, dy):
+    return [e.op("relu_grad", node.id, dy)]
+
+
+def _sigmoid_grad(e, node, dy):
+    y = node.id
+    return [e.op("multiply", dy, e.op("multiply", y, e.op("subtract", e.const(1.0, y), y)))]
+
+
+def _tanh_grad(e, node, dy):
+    y = node.id
+    return [e.op("multiply", dy, e.op("subtract", e.const(1.0, y), e.op("multiply", y, y)))]
+
+
+def _exp_grad(e, node, dy):
+    return [e.op("multiply", dy, node.id)]
+
+
+def _log_grad(e, node, dy):
+    return [e.op("divide", dy, node.inputs[0])]
+
+
+def _square_grad(e, node, dy):
+    x = node.inputs[0]
+    return [e.op("multiply", dy, e.op("multiply", x, e.const(2.0, x)))]
+
+
+def _sqrt_grad(e, node, dy):
+    y = node.id
+    return [e.op("divide", e.op("multiply", dy, e.const(0.5, y)), y)]
+
+
+def _cast_grad(e, node, dy):
+    src = e.type(node.inputs[0]).dtype
+    return [e.op("cast", dy, dtype=src) if src in FLOAT_DTYPES else None]
+
+
+def _broadcast_to_grad(e, node, dy):
+    return [e.sum_to(dy, node.inputs[0])]
+
+
+def _transpose_grad(e, node, dy):
+    perm = node.attr("perm")
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return [e.op("transpose", dy, perm=tuple(inverse))]
+
+
+def _divide_reference(a, b):
+    if a.dtype.kind == "f":
+        return a / b
+    return np.trunc(a / b).astype(a.dtype)   # C++ integer division truncates toward zero
+
+
+# --- rows ------------------------------------------------------------------------
+
+def _binary_row(name, expr, ref, grad):
+    register(OpRule(name, "pointwise", _binary(name), ref, grad, c_expr=expr))
+
+
+_binary_row("add", "({0} + {1})", np.add, _add_grad)
+_binary_row("subtract", "({0} - {1})", np.subtract, _sub_grad)
+_binary_row("multiply", "({0} * {1})", np.multiply, _mul_grad)
+_binary_row("divide", "({0} / {1})", _divide_reference,
+            _div_grad)
+_binary_row("maximum", "({0} >= {1} ? {0} : {1})", np.maximum, _extremum_grad)
+_binary_row("minimum", "({0} <= {1} ? {0} : {1})", np.minimum, _extremum_grad)
+
+register(OpRule("negative", "pointwise", _unary_any, np.negative, _neg_grad, c_expr="(-{0})"))
+register(OpRule("relu", "pointwise", _unary_any, lambda x: np.maximum(x, x.dtype.type(0)), _relu_grad,
+                c_expr="({0} > ({T})0 ? {0} : ({T})0)"))
+register(OpRule("sigmoid", "pointwise", _unary_float("sigmoid"),
+                lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype), _sigmoid_grad,
+                c_expr="(({T})1 / (({T})1 + std::exp(-{0})))"))
+register(OpRule("tanh", "pointwise", _unary_float("tanh"), np.tanh, _tanh_grad, c_expr="std::tanh({0})"))
+register(OpRule("exp", "pointwise", _unary_float("exp"), np.exp, _exp_grad, c_expr="std::exp({0})"))
+register(OpRule("log", "pointwise", _unary_float("log"), np.log, _log_grad, c_expr="std::log({0})"))
+register(OpRule("square", "pointwise", _unary_any, np.square, _square_grad, c_expr="({0} * {0})"))
+register(OpRule("sqrt", "pointwise", _unary_float("sqrt"), np.sqrt, _sqrt_grad, c_expr="std::sqrt({0})"))
+
+# relu_grad(y, dy): dy where the relu output is positive.  Written as one op (not
+# multiply by a mask) because it is the hottest backward op and one select is cheap.
+register(OpRule("relu_grad", "pointwise", _same_shape("relu_grad"),
+                lambda y, dy: np.where(y > 0, dy, dy.dtype.type(0)), None,
+                c_expr="({0} > ({T})0 ? {1} : ({T})0)", differentiable=False))
+# eq_mask(a, b): 1 where equal else 0, in the operands' dtype (reduce_max's gradient).
+register(OpRule("eq_mask", "pointwise", _binary("eq_mask"),
+                lambda a, b: (a == b).astype(a.dtype), None,
+                c_expr="({0} == {1} ? ({T})1 : ({T})0)", differentiable=False))
+
+
+def _infer_constant(inputs: list, attrs: dict) -> TensorType:
+    return TensorType(tuple(attrs["shape"]), attrs["dtype"])
+
+
+register(OpRule("constant", "pointwise", _infer_constant,
+                lambda value, shape, dtype: np.full(shape, value, numpy_dtype(dtype)),
+                None, c_expr="({T})({value})", differentiable=False))
+
+
+def _infer_cast(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    return TensorType(x.shape, attrs["dtype"])
+
+
+register(OpRule("cast", "pointwise", _infer_cast, lambda x, dtype: x.astype(numpy_dtype(dtype)), _cast_grad,
+                c_expr="({T})({0})"))
+
+
+def _infer_broadcast_to(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    shape = tuple(attrs["shape"])
+    if broadcast_shape(x.shape, shape, "broadcast_to") != shape:
+        raise ShapeError(f"broadcast_to: {list(x.shape)} does not broadcast to {list(shape)}")
+    return TensorType(shape, x.dtype)
+
+
+register(OpRule("broadcast_to", "pointwise", _infer_broadcast_to,
+                lambda x, shape: np.ascontiguousarray(np.broadcast_to(x, shape)), _broadcast_to_grad,
+                c_expr="{0}"))
+
+
+def _infer_transpose(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of the {len(x.shape)} axes of {x}")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _transpose_strides(attrs: dict, in_shape: tuple, out_shape: tuple) -> list[int]:
+    contiguous = broadcast_strides(in_shape, in_shape)
+    return [contiguous[p] if in_shape[p] != 1 else 0 for p in attrs["perm"]]
+
+
+register(OpRule("transpose", "pointwise", _infer_transpose,
+                lambda x, perm: np.ascontiguousarray(np.transpose(x, perm)), _transpose_grad,
+                c_expr="{0}", input_strides=_transpose_strides))

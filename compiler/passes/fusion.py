@@ -1,0 +1,254 @@
+"""Fusion: grouping IR nodes into kernels.
+
+Each fusion decision asks two separate questions: is it legal (the result is the
+same and the schedule has no cycle) and does it pay.  Every refusal is logged with
+its reason, so `flowc show --kernels` can say why two nodes were not fused.
+
+* `fuse_elementwise`: pointwise chains become one loop.  A node joins its consumers'
+  group when all its consumers are in one group and read it at their own index.
+* `fuse_epilogues`: a pointwise group that is the only reader of a matmul or a
+  reduction runs inside that kernel's write-back (bias, activation, and the
+  optimizer update of a gradient).
+* `fuse_softmax_cross_entropy`: the loss and its gradient on the same logits are one
+  pass over each row.
+* `group_optimizer_updates`: the update loops left standalone share one kernel.
+* `order_kernels`: a topological order of kernels in which an in-place variable
+  update runs after every reader of the old value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.ir import Graph
+from compiler.ops import OPS
+
+
+@dataclass
+class Kernel:
+    """One function of the generated step.
+
+    kind: pointwise | matmul | reduction | row | xent_fused.
+    `anchor` is the matmul / reduction / row node; `loops` are pointwise member
+    groups: the body of a pointwise kernel (several independent loops after
+    `group_optimizer_updates`), or the epilogue (loops[0]) of an anchored kernel.
+    """
+    name: str
+    kind: str
+    anchor: int | None = None
+    loops: list[list[int]] = field(default_factory=lambda: [[]])
+    second: int | None = None          # xent_fused: the gradient node
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def members(self) -> list[int]:
+        return [m for loop in self.loops for m in loop]
+
+    def nodes(self) -> list[int]:
+        anchors = [a for a in (self.anchor, self.second) if a is not None]
+        return anchors + self.members
+
+
+@dataclass
+class FusionLog:
+    fused: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def _reads_at_own_index(graph: Graph, producer: int, consumer: int) -> str | None:
+    """None if `consumer` reads `producer` element-for-element, else why not."""
+    c = graph.node(consumer)
+    if OPS[c.op].input_strides is not None:
+        return f"{c.op} %{consumer} reads it at a permuted index"
+    if c.type.shape != graph.node(producer).type.shape:
+        return f"%{consumer} ({c.op}) broadcasts it to {list(c.type.shape)}"
+    return None
+
+
+def fuse_elementwise(graph: Graph, log: FusionLog) -> list[Kernel]:
+    users = graph.consumers()
+    group_of: dict[int, int] = {}
+    groups: dict[int, list[int]] = {}
+    for n in reversed(graph.nodes):
+        if OPS[n.op].kind != "pointwise":
+            continue
+        consumers = users[n.id]
+        target, reason = None, None
+        if not consumers:
+            reason = "it is only a result of the step"
+        elif any(OPS[graph.node(c).op].kind != "pointwise" for c in consumers):
+            kinds = sorted({graph.node(c).op for c in consumers if OPS[graph.node(c).op].kind != "pointwise"})
+            reason = f"it feeds {', '.join(kinds)}"
+        elif len({group_of[c] for c in consumers}) > 1:
+            reason = f"its {len(consumers)} consumers are in different kernels"
+        else:
+            reason = next((r for c in consumers if (r := _reads_at_own_index(graph, n.id, c))), None)
+            if reason is None:
+                target = group_of[consumers[0]]
+        if target is None:
+            target = n.id
+            groups[target] = []
+            if consumers and reason:
+                log.refused.append(f"%{n.id} {n.op} [{n.loc}] not fused into its consumers: {reason}")
+        else:
+            log.fused.append(f"%{n.id} {n.op} fused into the loop of %{target}")
+        group_of[n.id] = target
+        groups[target].insert(0, n.id)
+
+    kernels = []
+    for n in graph.nodes:
+        kind = OPS[n.op].kind
+        if kind in ("matmul", "reduction", "row"):
+            kernels.append(Kernel(f"{n.op}_{n.id}", kind, anchor=n.id))
+        elif kind == "pointwise" and n.id in groups:
+            kernels.append(Kernel(f"loop_{n.id}", "pointwise", loops=[groups[n.id]]))
+    return kernels
+
+
+def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[Kernel]:
+    users = graph.consumers()
+    owner = {m: k for k in kernels for m in k.members}
+    absorbed: set[int] = set()
+    for k in kernels:
+        if k.kind not in ("matmul", "reduction"):
+            continue
+        a = graph.node(k.anchor)
+        consumers = users[a.id]
+        if not consumers:
+            continue
+        groups = {id(owner.get(c)) for c in consumers}
+        group = owner.get(consumers[0])
+        if group is not None and id(group) in absorbed:
+            log.refused.append(f"%{a.id} {a.op} [{a.loc}]: its consumer loop already runs in another epilogue")
+            continue
+        if group is None or len(groups) != 1:
+            log.refused.append(f"%{a.id} {a.op} [{a.loc}] keeps a plain write-back: its result is read by "
+                               f"{'a non-pointwise op' if group is None else 'several kernels'}")
+            continue
+        if len(group.loops) != 1 or graph.node(group.loops[0][0]).type.shape != a.type.shape:
+            log.refused.append(f"%{a.id} {a.op} [{a.loc}]: consumer loop has another shape")
+            continue
+        reason = next((r for c in consumers if (r := _reads_at_own_index(graph, a.id, c))), None)
+        reason = reason or _epilogue_refusal(graph, k, group.loops[0])
+        if reason:
+            log.refused.append(f"%{a.id} {a.op} [{a.loc}] epilogue refused: {reason}")
+            continue
+        k.loops = [list(group.loops[0])]
+        k.name = f"{k.name}_" + "_".join(dict.fromkeys(graph.node(m).op for m in group.members
+                                                       if graph.node(m).op != "constant"))
+        absorbed.add(id(group))
+        log.fused.append(f"%{a.id} {a.op}: epilogue {', '.join(graph.node(m).op for m in group.members)}")
+    return [k for k in kernels if id(k) not in absorbed]
+
+
+def _epilogue_refusal(graph: Graph, k: Kernel, members: list[int]) -> str | None:
+    """Why the anchored kernel cannot run `members` in its write-back (None: it can)."""
+    a = graph.node(k.anchor)
+    if k.kind == "matmul":
+        return "batched matmul has a plain write-back" if len(a.type.shape) > 2 else None
+    # A reduction's epilogue indexes its output linearly: other operands must match it or be scalars.
+    inside = set(members) | {a.id}
+    for m in members:
+        for x in graph.node(m).inputs:
+            t = graph.node(x).type
+            if x not in inside and t.shape != a.type.shape and t.size != 1:
+                return f"%{m} reads %{x} of shape {list(t.shape)}, broadcast in the reduction epilogue"
+    return None
+
+
+def _reaches(graph: Graph, start: int, target: int) -> bool:
+    users = graph.consumers()
+    stack, seen = [start], set()
+    while stack:
+        n = stack.pop()
+        if n == target:
+            return True
+        if n not in seen:
+            seen.add(n)
+            stack.extend(users[n])
+    return False
+
+
+def fuse_softmax_cross_entropy(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[Kernel]:
+    by_anchor = {k.anchor: k for k in kernels if k.kind == "row"}
+    removed: set[int] = set()
+    for k in list(by_anchor.values()):
+        g = graph.node(k.anchor)
+        if g.op != "sparse_softmax_cross_entropy_grad":
+            continue
+        logits, labels, dy = g.inputs
+        fwd = next((by_anchor[n.id] for n in graph.nodes if n.op == "sparse_softmax_cross_entropy"
+                    and n.inputs == (logits, labels) and n.id in by_anchor), None)
+        if fwd is None:
+            continue
+        if _reaches(graph, fwd.anchor, dy):
+            log.refused.append(f"%{g.id}: cross-entropy gradient not fused with %{fwd.anchor}: dy depends on the loss")
+            continue
+        fwd.kind, fwd.second, fwd.name = "xent_fused", g.id, f"softmax_xent_fwd_bwd_{fwd.anchor}"
+        removed.add(id(k))
+        log.fused.append(f"%{fwd.anchor} sparse_softmax_cross_entropy + %{g.id} its gradient: one pass per row")
+    return [k for k in kernels if id(k) not in removed]
+
+
+def group_optimizer_updates(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[Kernel]:
+    """Merge standalone update loops (nothing reads them but the assigns) into one kernel."""
+    assigned = set(graph.assigns.values())
+    users = graph.consumers()
+    members_of = {id(k): set(k.members) for k in kernels}
+
+    def standalone_update(k: Kernel) -> bool:
+        return (k.kind == "pointwise" and all(graph.node(m).role == "update" for m in k.members)
+                and all(c in members_of[id(k)] for m in k.members for c in users[m])
+                and any(m in assigned for m in k.members))
+    updates = [k for k in kernels if standalone_update(k)]
+    if len(updates) < 2:
+        return kernels
+    merged = Kernel("optimizer_update", "pointwise", loops=[loop for k in updates for loop in k.loops])
+    log.fused.append(f"{len(updates)} update loops in one kernel")
+    first = kernels.index(updates[0])
+    rest = [k for k in kernels if k not in updates]
+    return rest[:first] + [merged] + rest[first:]
+
+
+def order_kernels(graph: Graph, kernels: list[Kernel], inplace_writes: dict[int, str]) -> list[Kernel]:
+    """Topological order of kernels; a kernel writing variable V in place runs after V's readers.
+
+    `inplace_writes` maps assigned node id -> variable name for in-place updates.
+    """
+    producer = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
+    view_root = view_roots(graph)
+    deps: list[set[int]] = [set() for _ in kernels]
+    readers_of_var: dict[str, set[int]] = {}
+    for i, k in enumerate(kernels):
+        for n in k.nodes():
+            for inp in graph.node(n).inputs:
+                src = view_root.get(inp, inp)
+                if src in producer and producer[src] != i:
+                    deps[i].add(producer[src])
+                src_node = graph.node(src)
+                if src_node.op == "variable":
+                    readers_of_var.setdefault(src_node.attr("name"), set()).add(i)
+    for node_id, var in inplace_writes.items():
+        writer = producer[node_id]
+        deps[writer] |= readers_of_var.get(var, set()) - {writer}
+    order, done = [], set()
+    position = {i: max(k.nodes()) for i, k in enumerate(kernels)}
+    pending = sorted(range(len(kernels)), key=position.get)
+    while pending:
+        ready = next((i for i in pending if deps[i] <= done), None)
+        if ready is None:
+            raise AssertionError("kernel schedule has a cycle: " + ", ".join(kernels[i].name for i in pending))
+        order.append(kernels[ready])
+        done.add(ready)
+        pending.remove(ready)
+    return order
+
+
+def view_roots(graph: Graph) -> dict[int, int]:
+    """reshape node -> the node whose buffer it shares."""
+    roots: dict[int, int] = {}
+    for n in graph.nodes:
+        if OPS[n.op].kind == "view":
+            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
+    return roots
+
+

@@ -1,0 +1,164 @@
+"""Memory planning: where every materialized value of a step lives.
+
+Placeholders, variables and runtime scalars live in buffers the runtime owns.
+Everything else lives in one arena per job, allocated when the job is loaded and
+reused by every step (no allocation per step).  Offsets come from a first-fit
+allocator over the values' lifetimes in kernel order, so buffers whose lifetimes
+do not overlap share memory.  An optimizer update writes its variable in place
+when that is safe; otherwise it is copied back at the end of the step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.ir import Graph
+from compiler.ops import OPS
+from compiler.passes.fusion import Kernel, view_roots
+
+ALIGN = 64  # bytes: a cache line, and what AVX loads like
+
+
+@dataclass(frozen=True)
+class Buffer:
+    kind: str              # arena | input | variable | scalar
+    key: object            # arena offset, placeholder index, variable or scalar name
+    nbytes: int
+    first: int = -1        # kernel index that writes it (arena only)
+    last: int = -1         # last kernel index that reads it; len(kernels) = the end of the step
+
+
+@dataclass
+class MemoryPlan:
+    storage: dict[int, Buffer]                 # node id -> buffer (views share their root's)
+    copy_back: list[tuple[int, str]]           # (node, variable) updated after the last kernel
+    inplace: dict[int, str]                    # node -> variable it is written into directly
+    arena_bytes: int
+    naive_bytes: int                           # what one buffer per value would take
+    notes: list[str] = field(default_factory=list)
+
+    def format(self, graph: Graph, kernels: list[Kernel]) -> str:
+        lines = [f"memory plan for {graph.name}: arena peak {self.arena_bytes} bytes "
+                 f"(one buffer per value would take {self.naive_bytes})"]
+        for node_id, buf in sorted(self.storage.items(), key=lambda kv: (kv[1].kind, str(kv[1].key))):
+            n = graph.node(node_id)
+            if buf.kind == "arena":
+                span = f"kernels {buf.first}..{buf.last}"
+                where = f"arena+{buf.key}"
+            else:
+                span, where = "step", f"{buf.kind} {buf.key}"
+            lines.append(f"  %{node_id:<4} {str(n.type):<24} {where:<28} {buf.nbytes:>10} B  {span}  ({n.op})")
+        for node_id, var in self.copy_back:
+            lines.append(f"  copy %{node_id} -> variable {var} after the last kernel")
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def materialized(graph: Graph, kernels: list[Kernel]) -> set[int]:
+    """Node ids whose values must be stored: read outside their kernel, or results."""
+    users = graph.consumers()
+    owner = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
+    needed = set(graph.roots())
+    for n in graph.nodes:
+        if n.id not in owner:
+            continue
+        if any(owner.get(c) != owner[n.id] for c in users[n.id]):
+            needed.add(n.id)
+    for k in kernels:
+        if k.kind in ("row", "xent_fused"):
+            needed.update(a for a in (k.anchor, k.second) if a is not None)
+    return needed
+
+
+def plan_inplace(graph: Graph, kernels: list[Kernel]) -> tuple[dict[int, str], list[tuple[int, str]], list[str]]:
+    """Which assigns can write their variable directly, and why the others cannot."""
+    owner = {n: k for k in kernels for n in k.nodes()}
+    roots = view_roots(graph)
+    users = graph.consumers()
+    inplace: dict[int, str] = {}
+    copy_back: list[tuple[int, str]] = []
+    notes: list[str] = []
+    for var, value in graph.assigns.items():
+        k = owner.get(value)
+        reason = None
+        if k is None or value not in k.members:
+            reason = "its value is not computed by a pointwise loop"
+        elif value in inplace:
+            reason = f"the value is already written into {inplace[value]}"
+        else:
+            var_nodes = [n.id for n in graph.nodes if n.op == "variable" and n.attr("name") == var]
+            readers = [c for v in var_nodes for c in users[v]] + \
+                      [c for r, root in roots.items() if root in var_nodes for c in users[r]]
+            for c in readers:
+                if c in k.members:
+                    if OPS[graph.node(c).op].input_strides or graph.node(c).type.shape != graph.variables[var].shape:
+                        reason = f"%{c} reads the old value at another index"
+                elif c in (k.anchor, k.second):
+                    reason = f"the kernel's {graph.node(c).op} reads the old value"
+        if reason:
+            copy_back.append((value, var))
+            notes.append(f"{var} updated by copy: {reason}")
+        else:
+            inplace[value] = var
+    return inplace, copy_back, notes
+
+
+def plan_memory(graph: Graph, kernels: list[Kernel], inplace: dict[int, str],
+                copy_back: list[tuple[int, str]], notes: list[str]) -> MemoryPlan:
+    end = len(kernels)
+    needed = materialized(graph, kernels)
+    roots = view_roots(graph)
+    storage: dict[int, Buffer] = {}
+    for n in graph.nodes:
+        nbytes = n.type.nbytes
+        if n.op == "input":
+            storage[n.id] = Buffer("input", n.attr("index"), nbytes)
+        elif n.op == "variable":
+            storage[n.id] = Buffer("variable", n.attr("name"), nbytes)
+        elif n.op == "scalar":
+            storage[n.id] = Buffer("scalar", n.attr("name"), nbytes)
+        elif n.id in inplace:
+            storage[n.id] = Buffer("variable", inplace[n.id], nbytes)
+
+    # Arena values: the materialized nodes, and the raw result of every matmul and reduction.
+    lifetimes: dict[int, list[int]] = {}
+    for i, k in enumerate(kernels):
+        for n in k.nodes():
+            if n in storage:
+                continue
+            # matmul and reduction kernels write their raw result before the epilogue
+            if n in needed or (n == k.anchor and k.kind in ("matmul", "reduction")):
+                lifetimes[n] = [i, i]
+    results = set(graph.outputs) | {node for node, _ in copy_back}
+    for i, k in enumerate(kernels):
+        for n in k.nodes():
+            for inp in graph.node(n).inputs:
+                src = roots.get(inp, inp)
+                if src in lifetimes:
+                    lifetimes[src][1] = max(lifetimes[src][1], i)
+    for r in results:
+        src = roots.get(r, r)
+        if src in lifetimes:
+            lifetimes[src][1] = end
+
+    live: list[tuple[int, int, int]] = []     # (offset, size, last)
+    peak = naive = 0
+    for node_id, (first, last) in sorted(lifetimes.items(), key=lambda kv: (kv[1][0], kv[0])):
+        size = _aligned(graph.node(node_id).type.nbytes)
+        naive += size
+        live = [b for b in live if b[2] >= first]
+        offset = 0
+        for b_off, b_size, _ in sorted(live):
+            if offset + size <= b_off:
+                break
+            offset = max(offset, b_off + b_size)
+        live.append((offset, size, last))
+        peak = max(peak, offset + size)
+        storage[node_id] = Buffer("arena", offset, graph.node(node_id).type.nbytes, first, last)
+    for view, root in roots.items():
+        if root in storage:
+            storage[view] = storage[root]
+    return MemoryPlan(storage, copy_back, inplace, peak, naive, notes)
+
+
+def _aligned(nbytes: int) -> int:
+    return max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)

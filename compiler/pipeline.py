@@ -1,0 +1,162 @@
+"""The compiler, top to bottom: graph passes, kernel passes, memory plan, C++, shared library.
+
+Read `lower()` the way one reads Halide's Lower.cpp: each line is one named pass.
+With `FLOWC_DEBUG=1` the program after every pass, the generated source and the
+memory plan are written to a folder whose path is printed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from compiler.codegen.cpu import CppGenerator, GeneratedStep
+from compiler.ir import Graph
+from compiler.passes import canonicalize, fusion, memory, simplify
+from compiler.passes.fusion import FusionLog, Kernel
+from compiler.passes.memory import MemoryPlan
+
+
+@dataclass
+class Program:
+    """What the passes hand each other: the graph, then its kernels, then its memory plan."""
+    graph: Graph
+    kernels: list[Kernel] | None = None
+    memory: MemoryPlan | None = None
+    log: FusionLog = field(default_factory=FusionLog)
+
+    def format(self) -> str:
+        if self.kernels is None:
+            return self.graph.format()
+        lines = [f"kernels of {self.graph.name} ({len(self.kernels)}):"]
+        for i, k in enumerate(self.kernels):
+            ops = ", ".join(f"%{n} {self.graph.node(n).op}" for n in k.nodes())
+            lines.append(f"  [{i}] {k.name} ({k.kind}): {ops}")
+        if self.memory is not None:
+            lines.append(self.memory.format(self.graph, self.kernels))
+        return self.graph.format() + "\n" + "\n".join(lines)
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float
+    summary: str          # what changed, in a few words
+    dump: str             # the program after the pass
+
+
+def _graph_pass(fn: Callable[[Graph], Graph]) -> Callable[[Program], Program]:
+    def run(p: Program) -> Program:
+        return Program(fn(p.graph), log=p.log)
+    return run
+
+
+def _form_kernels(p: Program) -> Program:
+    return Program(p.graph, fusion.fuse_elementwise(p.graph, p.log), log=p.log)
+
+
+def _fuse_epilogues(p: Program) -> Program:
+    return Program(p.graph, fusion.fuse_epilogues(p.graph, p.kernels, p.log), log=p.log)
+
+
+def _fuse_xent(p: Program) -> Program:
+    return Program(p.graph, fusion.fuse_softmax_cross_entropy(p.graph, p.kernels, p.log), log=p.log)
+
+
+def _group_updates(p: Program) -> Program:
+    return Program(p.graph, fusion.group_optimizer_updates(p.graph, p.kernels, p.log), log=p.log)
+
+
+def _plan_memory(p: Program) -> Program:
+    inplace, copy_back, notes = memory.plan_inplace(p.graph, p.kernels)
+    kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
+    return Program(p.graph, kernels, memory.plan_memory(p.graph, kernels, inplace, copy_back, notes), log=p.log)
+
+
+# The pass list, in order.  Names are what `flowc show --after NAME` accepts.
+PASSES: list[tuple[str, Callable[[Program], Program]]] = [
+    ("simplify", _graph_pass(simplify.simplify)),
+    ("split_reductions", _graph_pass(canonicalize.split_reductions)),
+    ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
+    ("simplify_again", _graph_pass(simplify.simplify)),
+    ("fuse_elementwise", _form_kernels),
+    ("fuse_epilogues", _fuse_epilogues),
+    ("fuse_softmax_cross_entropy", _fuse_xent),
+    ("group_optimizer_updates", _group_updates),
+    ("plan_memory", _plan_memory),
+]
+
+
+def _summary(before: Program, after: Program) -> str:
+    parts = [f"{len(before.graph.nodes)} -> {len(after.graph.nodes)} nodes"]
+    if after.kernels is not None:
+        parts.append(f"{len(after.kernels)} kernels")
+    if after.memory is not None:
+        parts.append(f"arena {after.memory.arena_bytes} B")
+    return ", ".join(parts)
+
+
+def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
+    """Run every pass; append a `PassRecord` per pass to `records` when given."""
+    program = Program(graph)
+    graph.verify()
+    for name, run in PASSES:
+        start = time.perf_counter()
+        after = run(program)
+        after.graph.verify()
+        if records is not None:
+            records.append(PassRecord(name, time.perf_counter() - start, _summary(program, after), after.format()))
+        program = after
+    return program
+
+
+def generate(program: Program) -> GeneratedStep:
+    from compiler.cache import package_version
+    return CppGenerator(program.graph, program.kernels, program.memory, package_version()).render()
+
+
+@dataclass
+class CompiledStep:
+    """A job's step ready to load: the shared library plus what the runtime needs to call it."""
+    program: Program
+    generated: GeneratedStep
+    library: Path
+    source_path: Path
+    compiled: bool            # False when the cache had it
+    timings: dict[str, float]
+    passes: list[PassRecord]
+
+
+def compile_graph(graph: Graph) -> CompiledStep:
+    """Lower, generate and build `graph`'s step (through the compile cache)."""
+    from compiler.toolchain import build_shared_library
+    timings: dict[str, float] = {}
+    records: list[PassRecord] = []
+    start = time.perf_counter()
+    program = lower(graph, records)
+    timings["passes"] = time.perf_counter() - start
+    start = time.perf_counter()
+    generated = generate(program)
+    timings["codegen"] = time.perf_counter() - start
+    start = time.perf_counter()
+    built = build_shared_library(generated.source, name=graph.name)
+    timings["compile"] = time.perf_counter() - start
+    step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records)
+    if os.environ.get("FLOWC_DEBUG"):
+        _write_debug_dump(step)
+    return step
+
+
+def _write_debug_dump(step: CompiledStep) -> None:
+    folder = Path(tempfile.mkdtemp(prefix=f"flowc-{step.program.graph.name}-"))
+    for i, rec in enumerate(step.passes):
+        (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")
+    (folder / "step.cpp").write_text(step.generated.source)
+    (folder / "memory_plan.txt").write_text(step.program.memory.format(step.program.graph, step.program.kernels))
+    state = "compiled" if step.compiled else "from cache"
+    print(f"flowc: job {step.program.graph.name!r} ({state}): IR after each pass, step.cpp and the memory plan "
+          f"in {folder}; the library is {step.library} (source {step.source_path})", file=sys.stderr)

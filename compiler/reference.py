@@ -1,0 +1,41 @@
+"""The NumPy reference executor: interprets a graph op by op with each row's `reference`.
+
+It is the oracle of the tests (the compiled step must agree with it), never the
+product path.  It reads variables without changing them and returns the values
+the step would assign.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from compiler.ir import Graph, numpy_dtype
+from compiler.ops import OPS
+
+
+def run_reference(graph: Graph, inputs: Sequence[np.ndarray], variables: Mapping[str, np.ndarray],
+                  scalars: Mapping[str, float] | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Evaluate `graph`; return (outputs, {variable: assigned value}).
+
+    Example:
+        outs, updates = run_reference(job.graph, [images, labels], session_values, {"learning_rate": 0.1})
+    """
+    scalars = scalars or {}
+    values: dict[int, np.ndarray] = {}
+    for n in graph.nodes:
+        dtype = numpy_dtype(n.type.dtype)
+        if n.op == "input":
+            values[n.id] = np.asarray(inputs[n.attr("index")], dtype=dtype).reshape(n.type.shape)
+        elif n.op == "variable":
+            values[n.id] = np.asarray(variables[n.attr("name")], dtype=dtype)
+        elif n.op == "scalar":
+            values[n.id] = np.asarray(scalars[n.attr("name")], dtype=dtype)
+        else:
+            args = [values[i] for i in n.inputs]
+            out = np.asarray(OPS[n.op].reference(*args, **n.attr_dict))
+            if out.shape != n.type.shape:
+                raise AssertionError(f"reference of {n.op} gave shape {out.shape}, IR says {n.type}")
+            values[n.id] = out.astype(dtype, copy=False)
+    outputs = [values[o] for o in graph.outputs]
+    return outputs, {var: values[v] for var, v in graph.assigns.items()}

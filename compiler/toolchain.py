@@ -1,0 +1,341 @@
+"""Host C++ toolchain: generated source -> cached shared library.
+
+The compiler is ``$CXX`` (which may carry a wrapper, e.g. ``ccache g++``) or
+``g++``.  Every failure is turned into a :class:`ToolchainError` whose message
+says what to install or where to read the generated code, because "g++: not
+found" or a page of template errors pointing at a temp file is what users of
+compile-at-first-call systems complain about most.
+
+This module must not import anything GPU-related.
+
+Example::
+
+    >>> from compiler.toolchain import build_shared_library
+    >>> import cffi
+    >>> res = build_shared_library('extern "C" int answer() { return 42; }',
+    ...                            name="answer")              # doctest: +SKIP
+    >>> ffi = cffi.FFI(); ffi.cdef("int answer(void);")        # doctest: +SKIP
+    >>> ffi.dlopen(str(res.path)).answer()                      # doctest: +SKIP
+    42
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler import cache as _cache
+from compiler.cache import KernelCache, KeyParts
+
+__all__ = [
+    "BuildResult",
+    "ToolchainError",
+    "build_shared_library",
+    "compiler_version",
+    "cpu_target",
+    "cxx_command",
+    "find_compiler",
+    "include_dir",
+    "key_parts",
+]
+
+INSTALL_GXX_HINT = "install it with `apt-get install g++` (Debian/Ubuntu) or `dnf install gcc-c++`"
+
+# Placeholders substituted for the real paths when the command line goes into
+# the cache key, so keys do not depend on temporary directory names.
+SRC_PLACEHOLDER = "$SRC"
+OUT_PLACEHOLDER = "$OUT"
+
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+
+
+class ToolchainError(RuntimeError):
+    """The host toolchain is missing or a compile failed; the message says what to do.
+
+    Example::
+
+        >>> try:
+        ...     build_shared_library("this is not C++", name="bad")   # doctest: +SKIP
+        ... except ToolchainError as e:
+        ...     print(e)                                               # doctest: +SKIP
+    """
+
+
+def _debug_level() -> int:
+    raw = os.environ.get("FLOWC_DEBUG", "")
+    try:
+        return int(raw)
+    except ValueError:
+        return 1 if raw else 0
+
+
+def _debug(msg: str) -> None:
+    if _debug_level() >= 1:
+        print(f"[flowc] {msg}", file=sys.stderr, flush=True)
+
+
+def find_compiler() -> list[str]:
+    """Return the C++ compiler command as an argv prefix (``$CXX`` split, or ``["g++"]``).
+
+    Raises :class:`ToolchainError` naming what to install when it cannot be found.
+
+    Example::
+
+        >>> find_compiler()   # doctest: +SKIP
+        ['/usr/bin/g++']
+    """
+    env = os.environ.get("CXX", "").strip()
+    argv = shlex.split(env) if env else ["g++"]
+    resolved = shutil.which(argv[0])
+    if resolved is None:
+        origin = f"{argv[0]!r} (from $CXX)" if env else "g++"
+        raise ToolchainError(
+            f"flowc needs a C++ compiler to build kernels, but {origin} was not found; "
+            f"{INSTALL_GXX_HINT}"
+            + (", or point $CXX at an installed compiler" if env else "")
+        )
+    return [resolved, *argv[1:]]
+
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, **kw)
+    except OSError as e:  # e.g. $CXX points at something not executable
+        raise ToolchainError(
+            f"could not run the C++ compiler {shlex.join(argv[:1])}: {e}; {INSTALL_GXX_HINT}"
+        ) from e
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cxx: tuple[str, ...]) -> str:
+    proc = _run([*cxx, "--version"])
+    lines = (proc.stdout or proc.stderr).splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ToolchainError(
+            f"`{shlex.join(cxx)} --version` failed (exit {proc.returncode}): "
+            f"{proc.stderr.strip()}; {INSTALL_GXX_HINT}"
+        )
+    return lines[0].strip()
+
+
+def compiler_version() -> str:
+    """First line of ``<cxx> --version``; cached per compiler for the process.
+
+    Example::
+
+        >>> compiler_version()   # doctest: +SKIP
+        'g++ (Debian 12.2.0-14+deb12u1) 12.2.0'
+    """
+    return _compiler_version(tuple(find_compiler()))
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_target(cxx: tuple[str, ...]) -> str:
+    # What -march=native means differs per machine; the compiler's own resolved
+    # target options are the most faithful description, so hash all of them.
+    proc = _run([*cxx, "-march=native", "-Q", "--help=target"])
+    text = proc.stdout if proc.returncode == 0 else ""
+    march = "unknown"
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "-march=":
+            march = fields[1]
+            break
+    if not text:
+        # Compilers without -Q --help=target (e.g. clang): fall back to the
+        # preprocessor's feature macros for -march=native, which are also exact.
+        proc = _run([*cxx, "-march=native", "-dM", "-E", "-x", "c++", os.devnull])
+        text = proc.stdout
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return f"{march}-{digest}"
+
+
+def cpu_target() -> str:
+    """Stable id of what ``-march=native`` resolves to here, e.g. ``'skylake-1a2b3c4d5e6f7a8b'``.
+
+    Example::
+
+        >>> cpu_target()   # doctest: +SKIP
+        'znver3-5c1f0e2d9a7b3c41'
+    """
+    return _cpu_target(tuple(find_compiler()))
+
+
+def include_dir() -> Path:
+    """Directory of the CPU runtime headers shipped with the package (``codegen_templates/cpu``).
+
+    Example::
+
+        >>> include_dir().name
+        'cpu'
+    """
+    import codegen_templates
+
+    return Path(codegen_templates.__file__).resolve().parent / "cpu"
+
+
+def cxx_command(src: Path, out: Path) -> list[str]:
+    """Full compiler argv that builds ``src`` into the shared library ``out``.
+
+    Example::
+
+        >>> cxx_command(Path("k.cpp"), Path("k.so"))[1:4]   # doctest: +SKIP
+        ['-O3', '-march=native', '-fopenmp']
+    """
+    return [*find_compiler(), *BASE_FLAGS, f"-I{include_dir()}", str(src), "-o", str(out)]
+
+
+def key_parts(source: str) -> KeyParts:
+    """Cache key parts for ``source`` under the current toolchain.
+
+    Useful with :meth:`KernelCache.explain_miss` before a build.
+
+    Example::
+
+        >>> cache.explain_miss("job", key_parts(src))   # doctest: +SKIP
+        "cache miss for 'job': source changed since the last build"
+    """
+    command = shlex.join(cxx_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER)))
+    return _cache.make_key_parts(
+        source=source,
+        command=command,
+        compiler_version=compiler_version(),
+        cpu_target=cpu_target(),
+        include_dir=include_dir(),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _openmp_works(cxx: tuple[str, ...]) -> bool:
+    probe = "#include <omp.h>\nextern \"C\" int flowc_probe() { return omp_get_max_threads(); }\n"
+    with tempfile.TemporaryDirectory(prefix="flowc-omp-probe-") as d:
+        src = Path(d) / "probe.cpp"
+        src.write_text(probe)
+        proc = _run([*cxx, "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(Path(d) / "probe.so")])
+    return proc.returncode == 0
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Outcome of :func:`build_shared_library`.
+
+    ``path`` is the cached ``kernel.so``; ``source_path`` the ``kernel.cpp`` it
+    was built from (open it to read the generated code); ``compiled`` is False
+    on a cache hit; ``seconds`` is the wall time of the whole call;
+    ``miss_reason`` says why a compile was needed (None on a hit).
+
+    Example::
+
+        >>> res = build_shared_library(src, name="answer")   # doctest: +SKIP
+        >>> res.compiled, res.path.name                      # doctest: +SKIP
+        (True, 'kernel.so')
+    """
+
+    path: Path
+    key: str
+    compiled: bool
+    seconds: float
+    source_path: Path
+    miss_reason: str | None = None
+
+
+def build_shared_library(
+    source: str, *, name: str, cache: KernelCache | None = None
+) -> BuildResult:
+    """Compile ``source`` into a shared library through the kernel cache.
+
+    ``name`` labels the entry (index, failed sources, debug output); it does not
+    enter the key, so two names with the same source share one library.
+    Safe to call from several processes at once: one compiles, the others wait
+    and reuse its result.  With ``FLOWC_DEBUG=1`` each miss, its reason and the
+    compile time are printed to stderr.
+
+    Raises :class:`ToolchainError` when the compiler is missing, OpenMP is
+    missing, or the source does not compile (the message includes the
+    compiler's stderr and the path of the kept source).
+
+    Example::
+
+        >>> res = build_shared_library('extern "C" int answer() { return 42; }',
+        ...                            name="answer", cache=KernelCache(tmp))   # doctest: +SKIP
+        >>> res.path.exists()                                                   # doctest: +SKIP
+        True
+    """
+    t0 = time.perf_counter()
+    cache = cache if cache is not None else _cache.default_cache()
+    parts = key_parts(source)
+    key = parts.key()
+    miss_reason: list[str] = []
+
+    def build(tmp: Path) -> None:
+        miss_reason.append(cache.explain_miss(name, parts))
+        _debug(f"{miss_reason[0]}; compiling key {key[:16]}")
+        src = tmp / _cache.SOURCE_FILE
+        out = tmp / _cache.LIBRARY_FILE
+        src.write_text(source)
+        argv = cxx_command(src, out)
+        _debug("$ " + shlex.join(argv))
+        t = time.perf_counter()
+        proc = _run(argv)
+        _debug(f"compiled {name!r} in {time.perf_counter() - t:.2f}s")
+        if proc.returncode != 0:
+            raise _compile_error(cache, name, key, source, argv, proc)
+
+    entry, compiled = cache.get_or_build(parts, name, build)
+    seconds = time.perf_counter() - t0
+    if not compiled:
+        _debug(f"cache hit for {name!r} ({key[:16]}) in {seconds * 1e3:.1f} ms")
+    return BuildResult(
+        path=entry.library,
+        key=key,
+        compiled=compiled,
+        seconds=seconds,
+        source_path=entry.source,
+        miss_reason=miss_reason[0] if miss_reason else None,
+    )
+
+
+def _compile_error(
+    cache: KernelCache,
+    name: str,
+    key: str,
+    source: str,
+    argv: list[str],
+    proc: subprocess.CompletedProcess,
+) -> ToolchainError:
+    # The build's temp dir is deleted on failure, so keep the source (and the
+    # diagnostics) where users can open them, and put that path in the message.
+    kept = cache.failed_dir(name, key)
+    kept_src = kept / _cache.SOURCE_FILE
+    kept_src.write_text(source)
+    stderr = (proc.stderr or "").strip()
+    # Diagnostics and the command mention the temp path, deleted by now; point
+    # them at the kept copy instead.
+    tmp_src = argv[-3]
+    stderr = stderr.replace(tmp_src, str(kept_src))
+    command = shlex.join(argv).replace(tmp_src, str(kept_src))
+    (kept / "compiler.log").write_text(f"$ {command}\n{stderr}\n")
+    cxx = tuple(find_compiler())
+    hint = ""
+    if not _openmp_works(cxx):
+        hint = (
+            "\nOpenMP is missing: a probe `#include <omp.h>` compiled with -fopenmp failed. "
+            "Install your compiler's OpenMP support: with g++, `apt-get install g++` "
+            "(Debian/Ubuntu, brings libgomp and omp.h) or `dnf install gcc-c++ libgomp`; "
+            "with clang++, `apt-get install libomp-dev`."
+        )
+    return ToolchainError(
+        f"C++ compilation of {name!r} failed (exit {proc.returncode}).\n"
+        f"generated source kept at: {kept_src}\n"
+        f"command: {command}\n"
+        f"compiler output:\n{stderr}{hint}"
+    )

@@ -1,0 +1,173 @@
+"""Tracing: running a job function once on placeholder `Blob`s to record its graph.
+
+While a job function runs under `tracing(...)`, every flow op appends a node to
+the current `TraceContext` through `emit`.  Each node records the user's file:line
+(the first stack frame outside flowc), and an op misused by the user raises a
+`TraceError` whose message starts with that line.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from compiler import dtypes
+from compiler.errors import TraceError
+from compiler.ir import GraphBuilder, TensorType
+from compiler.ops import ShapeError
+
+_PACKAGE_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+    for d in ("flow", "compiler", "runtime"))
+
+
+def user_location() -> str:
+    """`file:line` of the innermost stack frame that is not flowc's own code."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(_PACKAGE_DIRS) and "importlib" not in filename:
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+@dataclass
+class TraceContext:
+    """Everything recorded while one job function is traced."""
+    job_name: str
+    job_type: str                                   # "train" | "predict"
+    session: Any                                    # runtime.session.Session
+    builder: GraphBuilder = field(default_factory=GraphBuilder)
+    placeholders: list[int] = field(default_factory=list)
+    variable_nodes: dict[str, int] = field(default_factory=dict)
+    losses: list["Blob"] = field(default_factory=list)
+    optimizers: list[tuple[Any, "Blob"]] = field(default_factory=list)   # (optimizer, loss)
+    device_stack: list[str] = field(default_factory=lambda: ["cpu"])
+    name_counts: dict[str, int] = field(default_factory=dict)
+    default_dtype: str = "float32"                  # function_config().default_data_type
+
+    @property
+    def device(self) -> str:
+        return self.device_stack[-1]
+
+    def unique_name(self, prefix: str) -> str:
+        """OneFlow-style default op names: `Dense_0`, `Dense_1`, ..."""
+        count = self.name_counts.get(prefix, 0)
+        self.name_counts[prefix] = count + 1
+        return f"{prefix}_{count}"
+
+
+_current: list[TraceContext] = []
+
+
+@contextlib.contextmanager
+def tracing(ctx: TraceContext) -> Iterator[TraceContext]:
+    _current.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.pop()
+
+
+def current(what: str = "this op") -> TraceContext:
+    """The trace in progress; a clear error when a flow op is used outside a job function."""
+    if not _current:
+        raise TraceError(f"{user_location()}: {what} can only be used inside a function decorated "
+                         "with @flow.global_function (it builds the job's graph)")
+    return _current[-1]
+
+
+def emit(op: str, inputs: list["Blob"] | tuple = (), attrs: dict | None = None, *,
+         name: str = "", api: str | None = None) -> "Blob":
+    """Append one node to the current job's graph and return its Blob.
+
+    `api` is the user-facing op name used in error messages (e.g. `flow.matmul`).
+    """
+    ctx = current(api or op)
+    for b in inputs:
+        if b.ctx is not ctx:
+            raise TraceError(f"{user_location()}: {api or op}: a Blob of job {b.ctx.job_name!r} "
+                             f"was used while tracing job {ctx.job_name!r}")
+    loc = user_location()
+    try:
+        node_id = ctx.builder.add(op, [b.id for b in inputs], attrs or {}, loc=loc, name=name,
+                                  device=ctx.device)
+    except ShapeError as err:
+        raise TraceError(f"{loc}: {api or op}: {err}") from None
+    return Blob(ctx, node_id)
+
+
+def scalar_blob(value: float | int, like: "Blob") -> "Blob":
+    return emit("constant", [], {"value": value, "shape": (), "dtype": like.type.dtype})
+
+
+def as_blob(value: Any, like: "Blob", api: str) -> "Blob":
+    if isinstance(value, Blob):
+        return value
+    if isinstance(value, np.number):
+        value = value.item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return scalar_blob(value, like)
+    raise TraceError(f"{user_location()}: {api}: expected a Blob or a Python number, got {type(value).__name__}")
+
+
+class Blob:
+    """A value inside a job function: it has a shape and dtype but no data until the job runs.
+
+    Example:
+        hidden = flow.nn.relu(x * 2.0 + 1.0)
+        hidden.shape  # (100, 512)
+    """
+
+    __array_priority__ = 1000  # so that `np.float32(2) * blob` defers to Blob
+
+    def __init__(self, ctx: TraceContext, node_id: int) -> None:
+        self.ctx = ctx
+        self.id = node_id
+
+    @property
+    def type(self) -> TensorType:
+        return self.ctx.builder.types[self.id]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> dtypes.DType:
+        return dtypes.BY_NAME[self.type.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def logical_blob_name(self) -> str:
+        return f"{self.ctx.job_name}/%{self.id}"
+
+    def __repr__(self) -> str:
+        return f"Blob(%{self.id}: {self.type})"
+
+    def _binary(self, op: str, other: Any, api: str, reverse: bool = False) -> "Blob":
+        other = as_blob(other, self, api)
+        a, b = (other, self) if reverse else (self, other)
+        return emit(op, [a, b], api=api)
+
+    def __add__(self, o): return self._binary("add", o, "+")
+    def __radd__(self, o): return self._binary("add", o, "+", True)
+    def __sub__(self, o): return self._binary("subtract", o, "-")
+    def __rsub__(self, o): return self._binary("subtract", o, "-", True)
+    def __mul__(self, o): return self._binary("multiply", o, "*")
+    def __rmul__(self, o): return self._binary("multiply", o, "*", True)
+    def __truediv__(self, o): return self._binary("divide", o, "/")
+    def __rtruediv__(self, o): return self._binary("divide", o, "/", True)
+    def __neg__(self): return emit("negative", [self], api="unary -")
+
+    def __bool__(self) -> bool:
+        raise TraceError(f"{user_location()}: a Blob has no value while the job is traced, so it cannot "
+                         "be used in `if`/`while`; compute both branches or use flow ops")

@@ -1,0 +1,53 @@
+"""flowc's public API: OneFlow's job-function API (v0.3), compiled to C++.
+
+Example:
+    import numpy as np
+    import flow
+    import flow.typing as tp
+
+    @flow.global_function(type="predict")
+    def double(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        return x * 2
+
+    double(np.arange(4, dtype=np.float32))   # array([0., 2., 4., 6.], dtype=float32)
+"""
+import warnings as _warnings
+
+from compiler.dtypes import float32, float64, int8, int32, int64, uint8
+from compiler.errors import FlowError, JobCallError, StepError, TraceError
+from compiler.trace import Blob
+from flow import config, layers, losses, math, nn, optimizer, scope, typing  # noqa: F401
+from flow.array_ops import cast, flatten, matmul, reshape, transpose
+from flow.variables import get_variable
+from runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
+                                  kaiming_initializer, ones_initializer, random_normal_initializer,
+                                  random_uniform_initializer, truncated_normal, truncated_normal_initializer,
+                                  variance_scaling_initializer, xavier_normal_initializer,
+                                  xavier_uniform_initializer, zeros_initializer)
+from runtime.job import FunctionConfig, global_function
+from runtime.session import clear_default_session
+
+float = float32        # noqa: A001 - OneFlow's name
+double = float64
+
+__version__ = "0.1.0"
+
+
+def function_config() -> FunctionConfig:
+    """A job's configuration; pass it as `global_function(..., function_config=config)`.
+
+    Example:
+        config = flow.function_config()
+        config.default_data_type(flow.float)
+    """
+    return FunctionConfig()
+
+
+def fixed_placement(device_tag: str, machine_device_ids="0:0"):
+    """Deprecated name of `flow.scope.placement`."""
+    _warnings.warn("flow.fixed_placement is deprecated; use flow.scope.placement", DeprecationWarning, stacklevel=2)
+    return scope.placement(device_tag, machine_device_ids)
+
+
+def sync_default_session() -> None:
+    """Wait for every job call in flight.  Calls are synchronous for now, so there is nothing to wait for."""

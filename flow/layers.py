@@ -1,0 +1,52 @@
+"""`flow.layers`: layers that create their own variables."""
+from __future__ import annotations
+
+from typing import Callable
+
+from compiler.errors import TraceError
+from compiler.trace import Blob, current, emit, user_location
+from flow._ops import check_blob
+from flow.variables import get_variable
+from runtime import initializers
+
+
+def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool = True,
+          kernel_initializer=None, bias_initializer=None, kernel_regularizer=None, bias_regularizer=None,
+          trainable: bool = True, name: str | None = None, model_distribute=None) -> Blob:
+    """`flow.layers.dense`: `activation(inputs @ weight^T + bias)`, OneFlow's weight layout (units, in).
+
+    Variables are `<name>-weight` and `<name>-bias`.
+
+    Example:
+        hidden = flow.layers.dense(x, 512, activation=flow.nn.relu, name="hidden")
+    """
+    api = "flow.layers.dense"
+    x = check_blob(inputs, api, "inputs")
+    if not isinstance(units, int) or units <= 0:
+        raise TraceError(f"{user_location()}: {api}: units must be a positive int, got {units!r}")
+    if len(x.shape) < 2:
+        raise TraceError(f"{user_location()}: {api}: inputs must have rank >= 2 (batch, features), "
+                         f"got shape {list(x.shape)}")
+    name = name or current(api).unique_name("Dense")
+    flat = x
+    if len(x.shape) > 2:   # OneFlow flattens everything after the batch axis
+        flat = emit("reshape", [x], {"shape": (x.shape[0], _prod(x.shape[1:]))}, api=api)
+    weight = get_variable(f"{name}-weight", shape=(units, flat.shape[1]), dtype=x.dtype,
+                          initializer=kernel_initializer or initializers.glorot_uniform_initializer(),
+                          trainable=trainable)
+    out = emit("matmul", [flat, weight], {"transpose_a": False, "transpose_b": True}, name=name, api=api)
+    if use_bias:
+        bias = get_variable(f"{name}-bias", shape=(units,), dtype=x.dtype,
+                            initializer=bias_initializer or initializers.constant_initializer(0),
+                            trainable=trainable)
+        out = emit("add", [out, bias], name=name, api=api)
+    if activation is not None:
+        out = activation(out)
+    return out
+
+
+def _prod(dims) -> int:
+    total = 1
+    for d in dims:
+        total *= d
+    return total

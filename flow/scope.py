@@ -1,0 +1,39 @@
+"""`flow.scope`: device placement of the ops created inside a `with` block."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from compiler.trace import _current
+
+
+@contextlib.contextmanager
+def placement(device_tag: str, machine_device_ids="0:0") -> Iterator[None]:
+    """`with flow.scope.placement("cpu", "0:0"):` places the ops created inside on that device.
+
+    "gpu" needs the CUDA backend; without one the job runs on the CPU with a warning.
+
+    Example:
+        with flow.scope.placement("cpu", "0:0"):
+            logits = mlp(images)
+    """
+    if device_tag not in ("cpu", "gpu"):
+        raise ValueError(f"flow.scope.placement: device_tag must be 'cpu' or 'gpu', got {device_tag!r}")
+    ctx = _current[-1] if _current else None
+    if ctx is not None:
+        ctx.device_stack.append(device_tag)
+    try:
+        yield
+    finally:
+        if ctx is not None:
+            ctx.device_stack.pop()
+
+
+def consistent_view():
+    """Accepted for compatibility: one device has a single logical view."""
+    return "consistent"
+
+
+def mirrored_view():
+    """Accepted for compatibility: one device has a single logical view."""
+    return "mirrored"

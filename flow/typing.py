@@ -1,0 +1,9 @@
+"""`flow.typing` (imported as `tp`): placeholders for inputs and annotations for results.
+
+Example:
+    import flow.typing as tp
+    def job(x: tp.Numpy.Placeholder((100, 784), dtype=flow.float)) -> tp.Numpy: ...
+"""
+from runtime.signature import Numpy, NumpyPlaceholder  # noqa: F401
+
+__all__ = ["Numpy"]

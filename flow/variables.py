@@ -1,0 +1,43 @@
+"""`flow.get_variable`: a named variable, shared by every job of the session."""
+from __future__ import annotations
+
+from compiler.errors import TraceError
+from compiler.ir import TensorType, dtype_name
+from compiler.trace import Blob, current, emit, user_location
+from runtime import initializers
+
+
+def get_variable(name: str, shape=None, dtype=None, initializer=None, regularizer=None, trainable: bool = True,
+                 model_name=None, random_seed=None, distribute=None, reuse: bool = True) -> Blob:
+    """Create or reuse the variable `name`; every job of the session reading `name` sees one storage.
+
+    Without an initializer the values come from glorot_uniform (reproducible: seeded from the name).
+
+    Example:
+        w = flow.get_variable("w", shape=(10, 784), initializer=flow.truncated_normal(0.1))
+    """
+    api = "flow.get_variable"
+    ctx = current(api)
+    loc = user_location()
+    if not isinstance(name, str) or not name:
+        raise TraceError(f"{loc}: {api}: name must be a non-empty string, got {name!r}")
+    if shape is None:
+        raise TraceError(f"{loc}: {api}: variable {name!r} needs a shape")
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TraceError(f"{loc}: {api}: shape of {name!r} must be a sequence of ints, got {shape!r}") from None
+    if any(d <= 0 for d in shape):
+        raise TraceError(f"{loc}: {api}: shape of {name!r} must be positive, got {list(shape)}")
+    dtype = dtype_name(dtype) if dtype is not None else ctx.default_dtype
+    if initializer is None:
+        initializer = initializers.glorot_uniform_initializer()
+    if not hasattr(initializer, "sample"):
+        raise TraceError(f"{loc}: {api}: initializer of {name!r} must be a flow initializer such as "
+                         f"flow.truncated_normal(0.1), got {initializer!r}")
+    ctx.session.declare_variable(name, TensorType(shape, dtype), initializer, bool(trainable), loc)
+    if name in ctx.variable_nodes:
+        return Blob(ctx, ctx.variable_nodes[name])
+    blob = emit("variable", [], {"name": name, "shape": shape, "dtype": dtype}, name=name, api=api)
+    ctx.variable_nodes[name] = blob.id
+    return blob

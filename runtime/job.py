@@ -1,0 +1,212 @@
+"""Job functions: `@flow.global_function` turns a Python function into a compiled step.
+
+The function is traced once, at its first call, for the signature its placeholders
+declare; every call then validates its arguments, feeds them to the compiled step
+and returns the results in the shape the return annotation promises.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from compiler.errors import JobCallError
+from compiler.ir import dtype_name, numpy_dtype
+from runtime.session import default_session
+from runtime.signature import placeholders_of, rebuild_result, result_spec_of
+
+_warned_gpu = False
+
+
+class TrainConfig:
+    """`config.train.*` of the old training style (with `flow.losses.add_loss`)."""
+
+    def __init__(self) -> None:
+        self.primary_lr_value: float | None = None
+        self.update_conf: dict | None = None
+
+    def primary_lr(self, lr: float) -> None:
+        self.primary_lr_value = float(lr)
+
+    def model_update_conf(self, conf: dict) -> None:
+        self.update_conf = conf
+
+
+class FunctionConfig:
+    """What `flow.function_config()` returns.
+
+    Example:
+        config = flow.function_config()
+        config.default_data_type(flow.float)
+        @flow.global_function(type="train", function_config=config)
+        def train_job(...): ...
+    """
+
+    def __init__(self) -> None:
+        self.default_dtype = "float32"
+        self.train = TrainConfig()
+
+    def default_data_type(self, dtype) -> None:
+        self.default_dtype = dtype_name(dtype)
+
+    def default_logical_view(self, view=None) -> None:
+        """Accepted for compatibility: on one device the consistent and mirrored views agree."""
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"function_config has no option {name!r}; flowc supports default_data_type, "
+                             "default_logical_view and train.primary_lr / train.model_update_conf")
+
+
+class JobFunction:
+    """A traced-on-first-call job; call it like the Python function it wraps."""
+
+    def __init__(self, fn: Callable, job_type: str, config: FunctionConfig) -> None:
+        if job_type not in ("train", "predict"):
+            raise ValueError(f"global_function: type must be 'train' or 'predict', got {job_type!r}")
+        self.fn = fn
+        self.name = fn.__name__
+        self.job_type = job_type
+        self.config = config
+        self.placeholders = placeholders_of(fn)
+        self.result_spec = result_spec_of(fn)
+        self._session = None
+        self._traced = None
+        self._step = None
+        functools.update_wrapper(self, fn)
+
+    # -- building -------------------------------------------------------------------------
+    def _ensure_ready(self):
+        session = default_session()
+        if self._step is not None and self._session is session:
+            return self._step
+        from compiler.build import build_job_graph
+        from compiler.pipeline import compile_graph
+        from runtime.executor import LoadedStep
+        self._traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
+                                       self.result_spec, session, self.config)
+        _check_devices(self._traced.graph)
+        compiled = compile_graph(self._traced.graph)
+        self._step = LoadedStep(compiled, session)
+        self._session = session
+        session.jobs.append(self)
+        return self._step
+
+    def release(self) -> None:
+        self._step = None
+        self._traced = None
+        self._session = None
+
+    @property
+    def graph(self):
+        """The traced graph (forward, backward, update); traces the job if needed."""
+        self._ensure_ready()
+        return self._traced.graph
+
+    @property
+    def compiled(self):
+        """The compiled step: `.program` (kernels, memory plan), `.generated.source`, `.library`."""
+        return self._ensure_ready().compiled
+
+    # -- calling ------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arrays = self._bind(args, kwargs)
+        step = self._ensure_ready()
+        session = self._session
+        scalars = None
+        if self._traced.optimizer is not None:   # each train job counts its own steps, as in OneFlow
+            done = session.train_steps.get(self.name, 0)
+            scalars = _typed_scalars(self._traced.optimizer.scalars(done), self._traced.graph)
+        outputs = step.run(arrays, scalars)
+        if self.job_type == "train":
+            session.train_steps[self.name] = session.train_steps.get(self.name, 0) + 1
+        return rebuild_result(self._traced.layout, outputs)
+
+    def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
+        names = [p.name for p in self.placeholders]
+        if len(args) > len(names):
+            raise JobCallError(f"job {self.name!r} takes {len(names)} argument(s) ({', '.join(names)}), "
+                               f"got {len(args) + len(kwargs)}")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise JobCallError(f"job {self.name!r} has no parameter {key!r}; its parameters are {names}")
+            if key in bound:
+                raise JobCallError(f"job {self.name!r}: argument {key!r} given twice")
+            bound[key] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise JobCallError(f"job {self.name!r} takes {len(names)} argument(s) ({', '.join(names)}), "
+                               f"missing {', '.join(missing)}")
+        arrays = []
+        for p in self.placeholders:
+            value = bound[p.name]
+            if not isinstance(value, np.ndarray):
+                raise JobCallError(f"job {self.name!r}: argument {p.name!r} must be a numpy.ndarray of shape "
+                                   f"{p.shape} and dtype {p.dtype}, got {type(value).__name__}")
+            if value.shape != p.shape:
+                raise ValueError(f"job {self.name!r}: argument {p.name!r} must have shape {p.shape} "
+                                 f"(its placeholder), got {value.shape}")
+            target = numpy_dtype(p.dtype)
+            if value.dtype != target and not np.can_cast(value.dtype, target, casting="same_kind"):
+                raise JobCallError(f"job {self.name!r}: argument {p.name!r} has dtype {value.dtype}, which cannot "
+                                   f"be converted to the placeholder's {p.dtype} without changing its kind; "
+                                   f"convert it explicitly (e.g. .astype(np.{p.dtype}))")
+            if target.kind in "iu" and value.dtype.kind in "iu" and value.size and \
+                    not np.can_cast(value.dtype, target, casting="safe"):
+                info = np.iinfo(target)
+                low, high = value.min(), value.max()
+                if low < info.min or high > info.max:
+                    raise ValueError(f"job {self.name!r}: argument {p.name!r} holds values in [{low}, {high}], "
+                                     f"outside the range of the placeholder's {p.dtype}")
+            arrays.append(value)
+        return arrays
+
+
+def _typed_scalars(values: dict[str, float], graph) -> dict[str, float]:
+    """The optimizer's scalars under the graph's names (one per variable dtype)."""
+    return {name: values[name.split(":")[0]] for name in graph.scalars}
+
+
+def _check_devices(graph) -> None:
+    global _warned_gpu
+    if not any(n.type.device == "gpu" for n in graph.nodes):
+        return
+    why = ("job {!r} is placed on \"gpu\", but this flowc has no CUDA backend yet; it runs on the CPU"
+           .format(graph.name))
+    if os.environ.get("FLOWC_STRICT_DEVICE") == "1":
+        raise RuntimeError(why + " (FLOWC_STRICT_DEVICE=1 makes this an error)")
+    if not _warned_gpu:
+        warnings.warn(why, RuntimeWarning, stacklevel=4)
+        _warned_gpu = True
+
+
+def global_function(type: str = "predict", function_config: FunctionConfig | None = None):
+    """Decorate a job function: traced at its first call, then a compiled step.
+
+    Example:
+        @flow.global_function(type="predict")
+        def double(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+            return x * 2
+        double(np.ones(4, np.float32))  # array([2., 2., 2., 2.], dtype=float32)
+    """
+    if callable(type) and not isinstance(type, str) and not isinstance(type, FunctionConfig):
+        return JobFunction(type, "predict", FunctionConfig())      # bare @flow.global_function
+    if isinstance(type, FunctionConfig):                            # old: global_function(config)
+        warnings.warn("global_function(config) is deprecated; use global_function(type=..., "
+                      "function_config=config)", DeprecationWarning, stacklevel=2)
+        # the old API had no `type`: a config with training settings made a train job
+        train = type.train.primary_lr_value is not None or type.train.update_conf is not None
+        type, function_config = ("train" if train else "predict"), type
+    config = function_config if function_config is not None else FunctionConfig()
+    if not isinstance(config, FunctionConfig):
+        raise TypeError(f"global_function: function_config must come from flow.function_config(), "
+                        f"got {config!r}")
+    if type not in ("train", "predict"):
+        raise ValueError(f"global_function: type must be 'train' or 'predict', got {type!r}")
+
+    def decorate(fn: Callable) -> JobFunction:
+        return JobFunction(fn, type, config)
+    return decorate

@@ -1,0 +1,106 @@
+"""Test helpers: compile a small graph (values and gradients) and run it next to the reference.
+
+`compile_case(fn, inputs)` traces `fn` on placeholders shaped like `inputs`, adds
+d(sum(fn(x) * cotangent))/dx for every floating input, compiles the whole thing
+to C++, runs it, and returns both the compiled and the reference results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from compiler.autodiff import differentiate
+from compiler.ir import Graph, dtype_name
+from compiler.pipeline import compile_graph
+from compiler.reference import run_reference
+from compiler.trace import TraceContext, emit, tracing
+from runtime.executor import LoadedStep
+from runtime.session import Session
+
+
+@dataclass
+class Case:
+    graph: Graph
+    compiled: list[np.ndarray]
+    reference: list[np.ndarray]
+    n_values: int                  # outputs [0, n_values) are fn's values, the rest gradients
+    grad_inputs: list[int]         # which inputs the gradients are for
+
+
+def trace_case(fn: Callable, inputs: Sequence[np.ndarray], grads: bool = True) -> tuple[Graph, int, list[int]]:
+    ctx = TraceContext("case", "predict", Session())
+    with tracing(ctx):
+        blobs = [emit("input", [], {"index": i, "shape": a.shape, "dtype": dtype_name(a.dtype)})
+                 for i, a in enumerate(inputs)]
+        result = fn(*blobs)
+        values = list(result) if isinstance(result, (tuple, list)) else [result]
+        outputs = [v.id for v in values]
+        grad_inputs: list[int] = []
+        if grads:
+            float_values = [v for v in values if v.type.dtype in ("float32", "float64")]
+            terms = []
+            for k, v in enumerate(float_values):
+                cot = emit("input", [], {"index": len(blobs) + k, "shape": v.shape, "dtype": v.type.dtype})
+                ctx.placeholders.append(cot.id)
+                terms.append(emit("reduce_sum", [v * cot], {"axes": tuple(range(len(v.shape))), "keepdims": False})
+                             if v.shape else v * cot)
+            if terms:
+                loss = terms[0]
+                for t in terms[1:]:
+                    loss = loss + t
+                wrt = [b.id for b in blobs if b.type.dtype in ("float32", "float64")]
+                g = differentiate(ctx.builder, loss.id, wrt)
+                grad_inputs = [i for i, b in enumerate(blobs) if b.id in g]
+                outputs += [g[blobs[i].id] for i in grad_inputs]
+    placeholders = [b.id for b in blobs] + ctx.placeholders
+    graph = Graph("case", list(ctx.builder.nodes), outputs, {}, {}, {}, placeholders)
+    graph.verify()
+    return graph, len(values), grad_inputs
+
+
+def cotangents(graph: Graph, n_inputs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    extra = []
+    for p in graph.placeholders[n_inputs:]:
+        t = graph.node(p).type
+        extra.append(rng.standard_normal(t.shape).astype(t.dtype))
+    return extra
+
+
+def compile_case(fn: Callable, inputs: Sequence[np.ndarray], grads: bool = True, seed: int = 0) -> Case:
+    graph, n_values, grad_inputs = trace_case(fn, inputs, grads)
+    feeds = list(inputs) + cotangents(graph, len(inputs), np.random.default_rng(seed))
+    step = LoadedStep(compile_graph(graph), Session())
+    compiled = step.run(feeds)
+    reference, _ = run_reference(graph, feeds, {})
+    return Case(graph, compiled, reference, n_values, grad_inputs)
+
+
+def finite_difference_check(fn: Callable, inputs: Sequence[np.ndarray], eps: float = 1e-6,
+                            rtol: float = 1e-5, atol: float = 1e-7, seed: int = 0) -> None:
+    """The graph's gradients (reference executor, float64) against central differences."""
+    inputs = [np.asarray(a, np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    graph, n_values, grad_inputs = trace_case(fn, inputs, True)
+    cot = cotangents(graph, len(inputs), np.random.default_rng(seed))
+
+    def objective(xs) -> float:
+        values, _ = run_reference(graph, list(xs) + cot, {})
+        return float(sum(np.sum(v * c) for v, c in zip(
+            [v for v in values[:n_values] if v.dtype.kind == "f"], cot)))
+
+    outs, _ = run_reference(graph, list(inputs) + cot, {})
+    for k, i in enumerate(grad_inputs):
+        analytic = outs[n_values + k]
+        numeric = np.zeros_like(inputs[i])
+        flat = inputs[i].reshape(-1)
+        for j in range(flat.size):
+            saved = flat[j]
+            flat[j] = saved + eps
+            up = objective(inputs)
+            flat[j] = saved - eps
+            down = objective(inputs)
+            flat[j] = saved
+            numeric.reshape(-1)[j] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=atol,
+                                   err_msg=f"gradient of input {i} disagrees with finite differences")
