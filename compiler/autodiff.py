@@ -57,8 +57,8 @@ def _accumulate(e: GradEmitter, grads: dict[int, int], node_id: int, g: int) -> 
         grads[node_id] = g
 
 
-def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int]) -> dict[int, int]:
-    """Append d(sum(loss))/d(w) for every w in `wrt` to `builder`; return {w: grad id}.
+def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int], scale: float = 1.0) -> dict[int, int]:
+    """Append scale * d(sum(loss))/d(w) for every w in `wrt` to `builder`; return {w: grad id}.
 
     A `w` that the loss does not depend on is left out of the result.
     """
@@ -80,7 +80,7 @@ def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int]) -> dict[
 
     e = GradEmitter(builder)
     e.loc = next(n.loc for n in order if n.id == loss)
-    seed = e.op("constant", value=1.0, shape=loss_type.shape, dtype=loss_type.dtype)
+    seed = e.op("constant", value=float(scale), shape=loss_type.shape, dtype=loss_type.dtype)
     grads: dict[int, int] = {loss: seed}
     for n in reversed(order):
         if n.id not in active or n.id not in grads or n.op in ("variable", "input", "scalar"):

@@ -70,7 +70,10 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
     trainable = {var: node for var, node in ctx.variable_nodes.items() if session.variables[var].trainable}
     if not trainable:
         raise TraceError(f"{builder.nodes[loss.id].loc}: optimizer.minimize: the job has no trainable variables")
-    grads = differentiate(builder, loss.id, trainable.values())
+    # OneFlow's rule: the update uses the gradient of the summed loss divided by the loss's
+    # instance count (its TotalLossInstanceNum), i.e. the gradient of the mean loss.
+    instances = builder.types[loss.id].size
+    grads = differentiate(builder, loss.id, trainable.values(), scale=1.0 / max(instances, 1))
     e = GradEmitter(builder)
     e.role = "update"
     assigns: dict[str, int] = {}

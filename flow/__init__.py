@@ -49,5 +49,15 @@ def fixed_placement(device_tag: str, machine_device_ids="0:0"):
     return scope.placement(device_tag, machine_device_ids)
 
 
+def compile_cache_stats() -> dict:
+    """This process's compile-cache counters: hits, misses and compilations.
+
+    Example:
+        flow.compile_cache_stats()   # {'hits': 2, 'misses': 0, 'compilations': 0}
+    """
+    from compiler.cache import stats
+    return stats()
+
+
 def sync_default_session() -> None:
     """Wait for every job call in flight.  Calls are synchronous for now, so there is nothing to wait for."""

@@ -305,10 +305,11 @@ frozen_bias_job = make_train_job(lambda: flow.optimizer.SGD(constant(0.05), mome
                                  b_trainable=False)
 
 
-def test_non_scalar_loss_trains_on_the_gradient_of_its_sum():
+def test_non_scalar_loss_trains_on_the_gradient_of_its_mean():
+    """OneFlow's rule: d(sum(loss))/dw divided by the loss's instance count (here N)."""
     losses = train_against_reference(per_sample_job, CONSTANT_05, steps=20)
     assert losses[0].shape == (N,)
-    np_losses, np_values = numpy_training("sgd", CONSTANT_05, 20)
+    np_losses, np_values = numpy_training("sgd", piecewise([], [0.05 / N]), 20)
     np.testing.assert_allclose(losses.sum(axis=1), np_losses, rtol=2e-4)
     for name in ("w", "b"):
         _assert_close(default_session().value(name), np_values[name], 2e-4, name)
