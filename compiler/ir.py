@@ -141,14 +141,6 @@ class Graph:
         """Ids whose values the step must produce: outputs then assigned values."""
         return list(self.outputs) + list(self.assigns.values())
 
-    def with_nodes(self, nodes: list[Node], outputs: list[int] | None = None,
-                   assigns: dict[str, int] | None = None) -> "Graph":
-        return Graph(self.name, nodes,
-                     list(self.outputs if outputs is None else outputs),
-                     dict(self.assigns if assigns is None else assigns),
-                     dict(self.variables), dict(self.scalars),
-                     [p for p in self.placeholders if any(n.id == p for n in nodes)])
-
     def verify(self) -> None:
         """Check the structural invariants every pass must keep; raise on the first broken one."""
         from compiler.ops import OPS  # late import: ops import ir

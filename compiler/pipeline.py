@@ -73,7 +73,14 @@ def _group_updates(p: Program) -> Program:
 
 def _plan_memory(p: Program) -> Program:
     inplace, copy_back, notes = memory.plan_inplace(p.graph, p.kernels)
-    kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
+    try:
+        kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
+    except fusion.ScheduleCycle as cycle:
+        # Some reader of an old value needs a new one: update every variable by copy instead.
+        notes.append(f"in-place updates dropped: {cycle}")
+        copy_back += [(node, var) for node, var in inplace.items()]
+        inplace = {}
+        kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
     return Program(p.graph, kernels, memory.plan_memory(p.graph, kernels, inplace, copy_back, notes), log=p.log)
 
 

@@ -48,6 +48,10 @@ class Kernel:
         return anchors + self.members
 
 
+class ScheduleCycle(AssertionError):
+    """No kernel order satisfies the data dependencies plus the in-place update constraints."""
+
+
 @dataclass
 class FusionLog:
     fused: list[str] = field(default_factory=list)
@@ -236,7 +240,7 @@ def order_kernels(graph: Graph, kernels: list[Kernel], inplace_writes: dict[int,
     while pending:
         ready = next((i for i in pending if deps[i] <= done), None)
         if ready is None:
-            raise AssertionError("kernel schedule has a cycle: " + ", ".join(kernels[i].name for i in pending))
+            raise ScheduleCycle("kernel schedule has a cycle: " + ", ".join(kernels[i].name for i in pending))
         order.append(kernels[ready])
         done.add(ready)
         pending.remove(ready)
