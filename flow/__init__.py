@@ -60,4 +60,26 @@ def compile_cache_stats() -> dict:
 
 
 def sync_default_session() -> None:
-    """Wait for every job call in flight.  Calls are synchronous for now, so there is nothing to wait for."""
+    """Wait until every job call in flight has run and its callback has returned; then raise the
+    first error of an asynchronous call or callback that no sync point has raised yet.
+
+    Example:
+        for images, labels in batches:
+            train_job(images, labels)(print_loss)
+        flow.sync_default_session()
+    """
+    from runtime.session import default_session
+    default_session().sync()
+
+
+def FixedTensorDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802 - OneFlow's name
+    """Deprecated placeholder of the old API, used as a parameter's default value.
+
+    Example:
+        @flow.global_function()
+        def job(x=flow.FixedTensorDef((4,), dtype=flow.float)): ...
+    """
+    _warnings.warn("flow.FixedTensorDef is deprecated; annotate the parameter with tp.Numpy.Placeholder",
+                   DeprecationWarning, stacklevel=2)
+    from runtime.signature import NumpyPlaceholder
+    return NumpyPlaceholder(shape, dtype)

@@ -1,10 +1,12 @@
 """Running a compiled step: buffers bound once, then one foreign call per step.
 
 `LoadedStep` owns everything a step touches besides the session's variables: the
-arena from the memory plan, one input buffer per placeholder (feeding copies the
-caller's arrays into them, so the caller may reuse its arrays at once), and one
-buffer per runtime scalar.  Their addresses never change, so the pointer table
-the generated `flowc_step` reads is built once.  cffi releases the GIL for the call.
+arena from the memory plan and `depth` register slots, each with one input buffer
+per placeholder (feeding copies the caller's arrays into them, so the caller may
+reuse its arrays at once), one buffer per runtime scalar, and the pointer table the
+generated `flowc_step` reads, built once.  Steps of one job run one at a time (the
+compute actor), so the arena is shared by the slots.  cffi releases the GIL for the
+call, which lets the caller prepare the next step meanwhile.
 """
 from __future__ import annotations
 
@@ -29,60 +31,76 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-class LoadedStep:
-    def __init__(self, compiled: CompiledStep, session) -> None:
-        self.compiled = compiled
-        graph = compiled.program.graph
-        plan = compiled.program.memory
-        self.graph = graph
-        self.lib = _ffi.dlopen(str(compiled.library))
-        self.arena = aligned_empty(max(plan.arena_bytes, ALIGN))
+class Slot:
+    """One register slot: the inputs and scalars of one step in flight, and its pointer table."""
+
+    def __init__(self, step: "LoadedStep") -> None:
+        graph = step.graph
         self.inputs: list[np.ndarray] = []
         for p in graph.placeholders:
             t = graph.node(p).type
             self.inputs.append(np.frombuffer(aligned_empty(max(t.nbytes, 1)), dtype=numpy_dtype(t.dtype),
                                              count=t.size).reshape(t.shape))
         self.scalars = {name: np.zeros((), dtype=numpy_dtype(dtype)) for name, dtype in graph.scalars.items()}
-        self.session = session
-        self.table = _ffi.new("void*[]", len(compiled.generated.bindings))
-        self._keep: list[np.ndarray] = []
-        for slot, binding in enumerate(compiled.generated.bindings):
-            self.table[slot] = _ffi.cast("void*", self._buffer(binding).ctypes.data)
-        self.outputs = [self._view(o) for o in graph.outputs]
+        self.table = _ffi.new("void*[]", len(step.compiled.generated.bindings))
+        for i, binding in enumerate(step.compiled.generated.bindings):
+            self.table[i] = _ffi.cast("void*", step.buffer(binding, self).ctypes.data)
+        self.outputs = [step.view(o, self) for o in graph.outputs]
 
-    def _buffer(self, binding: tuple) -> np.ndarray:
+
+class LoadedStep:
+    """A compiled step bound to its buffers, with `depth` slots so calls can be fed ahead."""
+
+    def __init__(self, compiled: CompiledStep, session, depth: int = 1) -> None:
+        self.compiled = compiled
+        self.graph = compiled.program.graph
+        self.session = session
+        self.lib = _ffi.dlopen(str(compiled.library))
+        self.arena = aligned_empty(max(compiled.program.memory.arena_bytes, ALIGN))
+        self._keep: list[np.ndarray] = []          # variables the tables point into
+        self.slots = [Slot(self) for _ in range(depth)]
+
+    def buffer(self, binding: tuple, slot: Slot) -> np.ndarray:
         kind = binding[0]
         if kind == "arena":
             return self.arena
         if kind == "input":       # placeholders are kept in index order by every pass
-            return self.inputs[binding[1]]
+            return slot.inputs[binding[1]]
         if kind == "variable":
             value = self.session.value(binding[1])
             self._keep.append(value)
             return value
-        return self.scalars[binding[1]]
+        return slot.scalars[binding[1]]
 
-    def _view(self, node_id: int) -> np.ndarray:
+    def view(self, node_id: int, slot: Slot) -> np.ndarray:
         """A NumPy view of where the step leaves `node_id`'s value."""
         t = self.graph.node(node_id).type
         buf = self.compiled.program.memory.storage[node_id]
         dtype = numpy_dtype(t.dtype)
         if buf.kind == "arena":
             return np.frombuffer(self.arena, dtype=dtype, count=t.size, offset=buf.key).reshape(t.shape)
-        return self._buffer((buf.kind, buf.key)).reshape(t.shape)
+        return self.buffer((buf.kind, buf.key), slot).reshape(t.shape)
 
-    def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
-        """Feed, compute, fetch: copy inputs in, call the step, copy outputs out."""
-        for buf, a in zip(self.inputs, arrays):
+    def feed(self, slot: Slot, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
+        """Copy the caller's arrays (converting dtype) and this step's scalars into `slot`."""
+        for buf, a in zip(slot.inputs, arrays):
             np.copyto(buf, a, casting="same_kind")
         if scalars:
             for name, value in scalars.items():
-                if name in self.scalars:
-                    self.scalars[name][...] = value
-        code = self.lib.flowc_step(self.table)
+                if name in slot.scalars:
+                    slot.scalars[name][...] = value
+
+    def compute(self, slot: Slot) -> list[np.ndarray]:
+        """Run the step on `slot` (one foreign call, GIL released) and copy its outputs out."""
+        code = self.lib.flowc_step(slot.table)
         if code:
             self._raise(code)
-        return [v.copy() for v in self.outputs]
+        return [v.copy() for v in slot.outputs]
+
+    def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
+        """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
+        self.feed(self.slots[0], arrays, scalars)
+        return self.compute(self.slots[0])
 
     def _raise(self, code: int) -> None:
         node = self.graph.node(self.compiled.generated.error_nodes.get(code, -1)) \

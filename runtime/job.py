@@ -15,10 +15,14 @@ import numpy as np
 
 from compiler.errors import JobCallError
 from compiler.ir import dtype_name, numpy_dtype
+from runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
+from runtime.register import Register
 from runtime.session import default_session
 from runtime.signature import placeholders_of, rebuild_result, result_spec_of
 
 _warned_gpu = False
+# Three stages overlap: the caller feeds step k+2 while step k+1 computes and step k's callback runs.
+DEFAULT_PIPELINE_DEPTH = 3
 
 
 class TrainConfig:
@@ -48,6 +52,13 @@ class FunctionConfig:
     def __init__(self) -> None:
         self.default_dtype = "float32"
         self.train = TrainConfig()
+        self.depth = DEFAULT_PIPELINE_DEPTH
+
+    def concurrency_width(self, n: int) -> None:
+        """How many calls of the job may be in flight at once (the pipeline depth); a call blocks beyond."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"function_config.concurrency_width: expected an int >= 1, got {n!r}")
+        self.depth = n
 
     def default_data_type(self, dtype) -> None:
         self.default_dtype = dtype_name(dtype)
@@ -57,7 +68,8 @@ class FunctionConfig:
 
     def __getattr__(self, name: str):
         raise AttributeError(f"function_config has no option {name!r}; flowc supports default_data_type, "
-                             "default_logical_view and train.primary_lr / train.model_update_conf")
+                             "default_logical_view, concurrency_width and train.primary_lr / "
+                             "train.model_update_conf")
 
 
 class JobFunction:
@@ -71,17 +83,19 @@ class JobFunction:
         self.job_type = job_type
         self.config = config
         self.placeholders = placeholders_of(fn)
-        self.result_spec = result_spec_of(fn)
+        self.result_spec, self.asynchronous = result_spec_of(fn)
+        self.old_api = self.result_spec.kind == "auto"
         self._session = None
         self._traced = None
-        self._step = None
+        self.loaded = None          # the LoadedStep, once traced and compiled
+        self.register = None        # its slots in flight
         functools.update_wrapper(self, fn)
 
     # -- building -------------------------------------------------------------------------
     def _ensure_ready(self):
         session = default_session()
-        if self._step is not None and self._session is session:
-            return self._step
+        if self.loaded is not None and self._session is session:
+            return self.loaded
         from compiler.build import build_job_graph
         from compiler.pipeline import compile_graph
         from runtime.executor import LoadedStep
@@ -89,13 +103,15 @@ class JobFunction:
                                        self.result_spec, session, self.config)
         _check_devices(self._traced.graph)
         compiled = compile_graph(self._traced.graph)
-        self._step = LoadedStep(compiled, session)
+        self.loaded = LoadedStep(compiled, session, self.config.depth)
+        self.register = Register(self.loaded.slots)
         self._session = session
         session.jobs.append(self)
-        return self._step
+        return self.loaded
 
     def release(self) -> None:
-        self._step = None
+        self.loaded = None
+        self.register = None
         self._traced = None
         self._session = None
 
@@ -112,17 +128,40 @@ class JobFunction:
 
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Validate, feed a free slot, and run the step: wait for it (annotated results), or return
+        a callback registrar (`-> tp.Callback[T]`) or a future (no annotation, the old API)."""
         arrays = self._bind(args, kwargs)
-        step = self._ensure_ready()
+        loaded = self._ensure_ready()
         session = self._session
+        pipeline = session.pipeline
+        synchronous = not self.asynchronous and not self.old_api
+        if synchronous:
+            pipeline.raise_pending_error()
         scalars = None
         if self._traced.optimizer is not None:   # each train job counts its own steps, as in OneFlow
             done = session.train_steps.get(self.name, 0)
             scalars = _typed_scalars(self._traced.optimizer.scalars(done), self._traced.graph)
-        outputs = step.run(arrays, scalars)
+        slot = self.register.acquire()
+        try:
+            loaded.feed(slot, arrays, scalars)   # inputs are copied now: the caller may reuse its arrays
+        except BaseException:
+            self.register.release(slot)
+            raise
         if self.job_type == "train":
             session.train_steps[self.name] = session.train_steps.get(self.name, 0) + 1
-        return rebuild_result(self._traced.layout, outputs)
+        layout = self._traced.layout
+        if self.old_api:
+            call = Call(self, slot, lambda outs: rebuild_result(layout, outs, LocalBlob))
+        else:
+            call = Call(self, slot, lambda outs: rebuild_result(layout, outs))
+        call.wants_callback = not synchronous
+        call.delivered = synchronous
+        pipeline.submit(call)
+        if self.asynchronous:
+            return CallbackRegistrar(call)
+        if self.old_api:
+            return JobFuture(call, pipeline)
+        return call.value()
 
     def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
         names = [p.name for p in self.placeholders]
@@ -143,6 +182,12 @@ class JobFunction:
         arrays = []
         for p in self.placeholders:
             value = bound[p.name]
+            if p.as_list:      # ListNumpy.Placeholder: one array per device, and flowc has one device
+                if not isinstance(value, (list, tuple)) or len(value) != 1:
+                    raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a ListNumpy placeholder: "
+                                       f"pass a list with one numpy.ndarray, got {type(value).__name__}"
+                                       + (f" of {len(value)}" if isinstance(value, (list, tuple)) else ""))
+                value = value[0]
             if not isinstance(value, np.ndarray):
                 raise JobCallError(f"job {self.name!r}: argument {p.name!r} must be a numpy.ndarray of shape "
                                    f"{p.shape} and dtype {p.dtype}, got {type(value).__name__}")

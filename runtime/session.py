@@ -6,6 +6,7 @@ update them in place, so their addresses stay fixed for the life of the session.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,10 +71,30 @@ class Session:
         else:  # keep the address: compiled steps hold pointers into it
             np.copyto(slot.value, data)
 
+    _pipeline: Any = None
+
+    @property
+    def pipeline(self):
+        """The actors that run this session's steps and callbacks (started at the first call)."""
+        if self._pipeline is None:
+            from runtime.pipeline import Pipeline
+            self._pipeline = Pipeline()
+        return self._pipeline
+
+    def sync(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.sync()
+
     def close(self) -> None:
+        """Drain the pipeline, stop its threads, forget the jobs."""
+        errors = self._pipeline.close() if self._pipeline is not None else []
+        self._pipeline = None
         for job in self.jobs:
             job.release()
         self.jobs.clear()
+        for err in errors:
+            warnings.warn(f"flowc: an asynchronous call failed before the session was cleared: {err!r}",
+                          RuntimeWarning, stacklevel=3)
 
 
 _default: Session | None = None

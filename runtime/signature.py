@@ -21,6 +21,7 @@ class PlaceholderSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str          # IR dtype name
+    as_list: bool = False   # ListNumpy.Placeholder: the argument is a list of one array (one device)
 
 
 class NumpyPlaceholder:
@@ -39,6 +40,11 @@ class NumpyPlaceholder:
         return f"Numpy.Placeholder({self.shape}, dtype=flow.{self.dtype})"
 
 
+class ListNumpyPlaceholder(NumpyPlaceholder):
+    """What `tp.ListNumpy.Placeholder(shape, dtype)` returns: a mirrored input, one array per device."""
+    as_list = True
+
+
 class Numpy:
     """Annotation for a job result returned as a `numpy.ndarray`; `Numpy.Placeholder` declares inputs.
 
@@ -46,6 +52,32 @@ class Numpy:
         def job(x: tp.Numpy.Placeholder((100, 784), dtype=flow.float)) -> tp.Numpy: ...
     """
     Placeholder = NumpyPlaceholder
+
+
+class ListNumpy:
+    """Annotation for a result returned as a list with one `numpy.ndarray` per device (flowc: one device).
+
+    Example:
+        def job(x: tp.ListNumpy.Placeholder((100, 784))) -> tp.ListNumpy: ...
+    """
+    Placeholder = ListNumpyPlaceholder
+
+
+class _Subscriptable:
+    """`tp.Callback[T]` and `tp.Bundle[T]` as annotations that remember T."""
+
+    def __init__(self, name: str, inner=None) -> None:
+        self.name, self.inner = name, inner
+
+    def __getitem__(self, inner) -> "_Subscriptable":
+        return _Subscriptable(self.name, inner)
+
+    def __repr__(self) -> str:
+        return f"tp.{self.name}[{self.inner!r}]" if self.inner is not None else f"tp.{self.name}"
+
+
+Callback = _Subscriptable("Callback")   # -> tp.Callback[T]: asynchronous call, result passed to a callback
+Bundle = _Subscriptable("Bundle")       # -> tp.Bundle[T]: T, or any nesting of tuples/lists/dicts of T
 
 
 def placeholders_of(fn: Callable) -> list[PlaceholderSpec]:
@@ -59,7 +91,7 @@ def placeholders_of(fn: Callable) -> list[PlaceholderSpec]:
         if not isinstance(decl, NumpyPlaceholder):
             raise TypeError(f"job function {fn.__name__!r}: parameter {p.name!r} needs an annotation such as "
                             f"tp.Numpy.Placeholder((100, 784), dtype=flow.float), got {decl!r}")
-        specs.append(PlaceholderSpec(p.name, decl.shape, decl.dtype))
+        specs.append(PlaceholderSpec(p.name, decl.shape, decl.dtype, getattr(decl, "as_list", False)))
     return specs
 
 
@@ -77,13 +109,14 @@ def _annotations(fn: Callable) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResultSpec:
-    """The shape of a job's result: kind is numpy | tuple | list | dict | none."""
+    """The shape of a job's result: kind is numpy | list_numpy | tuple | list | dict | bundle | none,
+    or auto (no annotation: the old `.get()` API, any nesting of Blobs)."""
     kind: str
     items: tuple["ResultSpec", ...] = ()
 
     def describe(self) -> str:
-        if self.kind == "numpy":
-            return "tp.Numpy"
+        if self.kind in ("numpy", "list_numpy", "auto"):
+            return {"numpy": "tp.Numpy", "list_numpy": "tp.ListNumpy", "auto": "Blobs"}[self.kind]
         if self.kind == "none":
             return "None"
         inner = ", ".join(i.describe() for i in self.items)
@@ -92,12 +125,18 @@ class ResultSpec:
         return f"{self.kind.capitalize()}[{inner}]"
 
 
-def result_spec_of(fn: Callable) -> ResultSpec:
+def result_spec_of(fn: Callable) -> tuple[ResultSpec, bool]:
+    """(the result's spec, whether calls are asynchronous with a callback)."""
     hints = _annotations(fn)
     if "return" not in hints:
-        raise TypeError(f"job function {fn.__name__!r} needs a return annotation such as -> tp.Numpy "
-                        "(or -> None)")
-    return parse_result(hints["return"], fn.__name__)
+        return ResultSpec("auto"), False
+    ann = hints["return"]
+    if isinstance(ann, _Subscriptable) and ann.name == "Callback":
+        if ann.inner is None:
+            raise TypeError(f"job function {fn.__name__!r}: tp.Callback needs the result type, "
+                            "e.g. -> tp.Callback[tp.Numpy]")
+        return parse_result(ann.inner, fn.__name__), True
+    return parse_result(ann, fn.__name__), False
 
 
 def parse_result(ann: Any, job: str) -> ResultSpec:
@@ -105,6 +144,10 @@ def parse_result(ann: Any, job: str) -> ResultSpec:
         return ResultSpec("none")
     if ann is Numpy:
         return ResultSpec("numpy")
+    if ann is ListNumpy:
+        return ResultSpec("list_numpy")
+    if isinstance(ann, _Subscriptable) and ann.name == "Bundle" and ann.inner is not None:
+        return ResultSpec("bundle", (parse_result(ann.inner, job),))
     origin, args = typing.get_origin(ann), typing.get_args(ann)
     if origin is tuple:
         return ResultSpec("tuple", tuple(parse_result(a, job) for a in args))
@@ -126,6 +169,20 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
             if v is not None:
                 raise TraceError(f"{where}: annotated -> None but returned {type(v).__name__}")
             return None
+        if s.kind == "auto" or s.kind == "bundle":
+            leaf = s.items[0] if s.kind == "bundle" else ResultSpec("numpy")
+            if isinstance(v, (tuple, list)):
+                return type(v)(walk(s, x, f"{path}[{k}]") for k, x in enumerate(v))
+            if isinstance(v, dict):
+                return {k: walk(s, x, f"{path}[{k!r}]") for k, x in v.items()}
+            if v is None and s.kind == "auto":
+                return None
+            return walk(leaf, v, path)
+        if s.kind == "list_numpy":
+            if not isinstance(v, Blob):
+                raise TraceError(f"{where}: result{path} is annotated tp.ListNumpy but is {type(v).__name__}")
+            flat.append(v)
+            return PerDevice(len(flat) - 1)
         if s.kind == "numpy":
             if not isinstance(v, Blob):
                 raise TraceError(f"{where}: result{path} is annotated tp.Numpy but is {type(v).__name__}, "
@@ -148,16 +205,23 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
     return flat, layout
 
 
-def rebuild_result(layout: Any, arrays: list) -> Any:
+@dataclass(frozen=True)
+class PerDevice:
+    """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (one device here)."""
+    index: int
+
+
+def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = lambda a: a) -> Any:
+    """The user's result from the step's output arrays; `leaf` wraps each array (old API: LocalBlob)."""
     if layout is None:
         return None
+    if isinstance(layout, PerDevice):
+        return [leaf(arrays[layout.index])]
     if isinstance(layout, int):
-        return arrays[layout]
-    if isinstance(layout, tuple):
-        return tuple(rebuild_result(x, arrays) for x in layout)
-    if isinstance(layout, list):
-        return [rebuild_result(x, arrays) for x in layout]
-    return {k: rebuild_result(x, arrays) for k, x in layout.items()}
+        return leaf(arrays[layout])
+    if isinstance(layout, (tuple, list)):
+        return type(layout)(rebuild_result(x, arrays, leaf) for x in layout)
+    return {k: rebuild_result(x, arrays, leaf) for k, x in layout.items()}
 
 
 def _describe(v: Any) -> str:

@@ -66,7 +66,7 @@ def test_retrace_after_clear_is_a_compile_cache_hit():
     np.testing.assert_allclose(affine(X23, Y23), X23 * 2 + Y23)      # compiled (or already cached)
     first_source = affine.compiled.generated.source
     flow.clear_default_session()
-    assert affine._step is None                                        # clearing released the step
+    assert affine.loaded is None                                        # clearing released the step
     start = time.perf_counter()
     np.testing.assert_allclose(affine(X23, Y23), X23 * 2 + Y23)      # retrace + recompile
     elapsed = time.perf_counter() - start
@@ -183,7 +183,7 @@ def never_called(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
 def test_validation_happens_before_tracing(bad_call):
     with pytest.raises((TypeError, ValueError)):
         bad_call()
-    assert never_called._step is None
+    assert never_called.loaded is None
     assert never_called._traced is None
     assert BODY_RUNS["never_called"] == 0
 
@@ -236,7 +236,7 @@ def test_trace_errors_start_with_the_users_line(job, args, marker, words):
         assert msg.startswith(f"{THIS_FILE}:{LINES[marker]}:"), msg
         for word in words:
             assert word in msg, (word, msg)
-        assert job._step is None
+        assert job.loaded is None
 
 
 def test_flow_ops_outside_a_job_function_are_trace_errors():
@@ -361,12 +361,13 @@ def test_dict_annotation_is_described_with_its_key_type():
     assert "Dict[str, tp.Numpy]" in str(info.value)
 
 
-def test_missing_return_annotation_is_a_type_error_at_decoration():
+def test_missing_return_annotation_means_the_old_get_api():
     def no_return(x: tp.Numpy.Placeholder((3,))):
-        return x
+        return x * 2.0
 
-    with pytest.raises(TypeError, match="return annotation"):
-        flow.global_function(type="predict")(no_return)
+    job = flow.global_function(type="predict")(no_return)
+    result = job(np.arange(3, dtype=np.float32)).get()
+    np.testing.assert_array_equal(result.numpy(), [0.0, 2.0, 4.0])
 
 
 def test_parameter_without_placeholder_is_a_type_error_at_decoration():
@@ -599,7 +600,7 @@ def test_gpu_placement_is_an_error_with_strict_device(monkeypatch):
     with pytest.raises(RuntimeError, match="FLOWC_STRICT_DEVICE") as info:
         on_gpu(ONES3)
     assert "gpu" in str(info.value)
-    assert on_gpu._step is None
+    assert on_gpu.loaded is None
 
 
 def test_fixed_placement_is_deprecated_but_works():

@@ -341,7 +341,7 @@ def test_train_job_without_minimize_is_a_trace_error():
         forgot_minimize(X, Y)
     msg = str(info.value)
     assert "'forgot_minimize'" in msg and "minimize" in msg and THIS_FILE in msg
-    assert forgot_minimize._step is None
+    assert forgot_minimize.loaded is None
 
 
 def test_minimize_in_a_predict_job_is_a_trace_error():

@@ -1,0 +1,154 @@
+"""What a job call hands back while its step is in flight.
+
+* `Call`: one call's record, filled by the compute actor (outputs or exception).
+* `CallbackRegistrar`: what a `-> tp.Callback[T]` job returns: `job(x)(cb)` registers `cb`.
+* `JobFuture`: what a job without return annotation returns (the old API): `.get()` or
+  `.async_get(cb)`, one of the two.
+* `LocalBlob`: the old API's result value: `.numpy()`, and ndarray-like use (`.mean()`).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import warnings
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+
+class Call:
+    """One job call on its way through the actors."""
+
+    def __init__(self, job, slot, convert: Callable[[list], Any]) -> None:
+        self.job = job
+        self.slot = slot
+        self.convert = convert              # output arrays -> the user's value
+        self.outputs: list | None = None
+        self.error: BaseException | None = None
+        self.computed = threading.Event()
+        self.callback: Callable | None = None
+        self.wants_callback = False         # the callback actor must run something for it
+        self.decided = threading.Event()    # the callback (or none) is known
+        self.delivered = False              # .get() or a sync call took the result (or its error)
+
+    def decide(self, callback: Callable | None) -> None:
+        self.callback = callback
+        self.decided.set()
+
+    def wait_computed(self) -> None:
+        while not self.computed.wait(timeout=0.1):   # a timeout keeps Ctrl-C working
+            pass
+
+    def value(self) -> Any:
+        self.wait_computed()
+        if self.error is not None:
+            raise self.error
+        return self.convert(self.outputs)
+
+
+def check_callback(cb: Any, what: str) -> Callable:
+    """A callable taking exactly one argument, else a TypeError now (not on the callback thread)."""
+    if not callable(cb):
+        raise TypeError(f"{what}: expected a function taking the job's result, got {type(cb).__name__}")
+    try:
+        sig = inspect.signature(cb)
+    except (TypeError, ValueError):
+        return cb            # builtins without a signature: trust them
+    try:
+        sig.bind(object())
+    except TypeError:
+        params = ", ".join(sig.parameters)
+        raise TypeError(f"{what}: the callback must take exactly one argument (the job's result); "
+                        f"{getattr(cb, '__name__', cb)!r} takes ({params})") from None
+    return cb
+
+
+class CallbackRegistrar:
+    """Returned by a `-> tp.Callback[T]` job: call it with the function that receives the result.
+
+    Example:
+        train_job(images, labels)(cb_print_loss)
+    """
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._used = False
+        # Dropped without registering: the callback actor must not wait for it.
+        weakref.finalize(self, _decide_if_pending, call)
+
+    def __call__(self, callback: Callable) -> None:
+        if self._used:
+            raise RuntimeError(f"job {self._call.job.name!r}: a callback is already registered for this call")
+        check_callback(callback, f"job {self._call.job.name!r}")
+        self._used = True
+        self._call.decide(callback)
+
+
+def _decide_if_pending(call: Call) -> None:
+    if not call.decided.is_set():
+        call.decide(None)
+
+
+class LocalBlob:
+    """A result of the old API: an ndarray with `.numpy()` (and the deprecated `.ndarray()`)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def numpy(self) -> np.ndarray:
+        return self._array
+
+    def ndarray(self) -> np.ndarray:
+        warnings.warn("LocalBlob.ndarray() is deprecated; use .numpy()", DeprecationWarning, stacklevel=2)
+        return self._array
+
+    def __array__(self, dtype=None, copy=None):
+        return self._array if dtype is None else self._array.astype(dtype)
+
+    def __getattr__(self, name: str):
+        return getattr(self._array, name)     # .mean(), .shape, .tolist(), ...
+
+    def __getitem__(self, index):
+        return self._array[index]
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __repr__(self) -> str:
+        return f"LocalBlob({self._array!r})"
+
+
+class JobFuture:
+    """Returned by a job without a return annotation (the old API): `.get()` or `.async_get(cb)`.
+
+    Example:
+        loss = train_job(images, labels).get().mean()
+        eval_job(images, labels).async_get(lambda result: print(result.numpy()))
+    """
+
+    def __init__(self, call: Call, session) -> None:
+        self._call = call
+        self._session = session
+        self._used: str | None = None
+        weakref.finalize(self, _decide_if_pending, call)
+
+    def _claim(self, how: str) -> None:
+        if self._used is not None:
+            raise RuntimeError(f"job {self._call.job.name!r}: .{self._used}() was already called on this "
+                               f"result; use either .get() or .async_get(), once")
+        self._used = how
+
+    def get(self) -> Any:
+        """Wait for the step; return its result as LocalBlob(s); raise an earlier async error first."""
+        self._claim("get")
+        self._call.delivered = True
+        self._call.decide(None)
+        self._session.raise_pending_error()
+        return self._call.value()
+
+    def async_get(self, callback: Callable) -> None:
+        """Run `callback(result)` on the callback thread when the step is done."""
+        check_callback(callback, f"job {self._call.job.name!r}: async_get")
+        self._claim("async_get")
+        self._call.decide(callback)

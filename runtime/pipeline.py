@@ -1,0 +1,121 @@
+"""A session's step pipeline: feed (caller thread) -> compute actor -> callback actor.
+
+The caller validates and copies its inputs into a register slot, then posts the call.
+The compute actor runs steps one after another in call order, copies the outputs
+out and frees the slot; calls whose results go to a callback continue to the
+callback actor, which runs callbacks in call order.
+
+An exception in a step or a callback is never lost: it is kept, with its traceback,
+and raised by the session's next synchronous call, `.get()` or
+`flow.sync_default_session()`.  At interpreter exit the pipeline drains, so the
+callbacks of calls still in flight run before the process ends.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import traceback
+import weakref
+from collections import deque
+
+from runtime.actors import Actor
+from runtime.futures import Call
+
+
+class Pipeline:
+    def __init__(self, name: str = "flowc") -> None:
+        self.compute = Actor(f"{name}-compute", self._compute)
+        self.callbacks = Actor(f"{name}-callbacks", self._run_callback)
+        self._cond = threading.Condition()
+        self._outstanding = 0
+        self._errors: deque[BaseException] = deque()
+        ref = weakref.ref(self)
+        self._atexit = lambda: ref() is not None and ref().drain_at_exit()
+        atexit.register(self._atexit)
+
+    # -- submitting ---------------------------------------------------------------------
+    def submit(self, call: Call) -> None:
+        with self._cond:
+            self._outstanding += 1
+        self.compute.post(call)
+
+    def _finished(self) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._cond.notify_all()
+
+    # -- the actors' work -----------------------------------------------------------------
+    def _compute(self, call: Call) -> None:
+        try:
+            call.outputs = call.job.loaded.compute(call.slot)
+        except BaseException as err:      # kept for the caller or the next sync point
+            call.error = err
+        finally:
+            call.job.register.release(call.slot)
+            call.computed.set()
+        if call.wants_callback:
+            self.callbacks.post(call)
+        else:
+            self._finished()
+
+    def _run_callback(self, call: Call) -> None:
+        try:
+            while not call.decided.wait(timeout=0.1):
+                pass
+            if call.error is not None:
+                if not call.delivered:
+                    self._errors.append(call.error)
+            elif call.callback is not None:
+                call.callback(call.convert(call.outputs))
+        except BaseException as err:
+            self._errors.append(err)
+        finally:
+            self._finished()
+
+    # -- sync points --------------------------------------------------------------------------
+    def raise_pending_error(self) -> None:
+        """Raise the oldest error of an earlier asynchronous call or callback, if any."""
+        if self._errors:
+            raise self._errors.popleft()
+
+    def wait_idle(self) -> None:
+        """Block until every submitted call is computed and its callback has run."""
+        with self._cond:
+            while self._outstanding:
+                self._cond.wait(timeout=0.1)    # a timeout keeps Ctrl-C working
+
+    def sync(self) -> None:
+        self.wait_idle()
+        self.raise_pending_error()
+
+    @property
+    def in_flight(self) -> int:
+        return self._outstanding
+
+    def close(self) -> list[BaseException]:
+        """Drain, stop both threads; return the errors nobody collected."""
+        self.wait_idle()
+        self.compute.stop()
+        self.callbacks.stop()
+        atexit.unregister(self._atexit)
+        errors, self._errors = list(self._errors), deque()
+        return errors
+
+    def drain_at_exit(self) -> None:
+        # After Ctrl-C ended the program, leave at once: the backlog may take long to drain.
+        interrupted = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if isinstance(interrupted, KeyboardInterrupt):
+            if self._outstanding:
+                print(f"flowc: interrupted; {self._outstanding} job call(s) in flight were abandoned",
+                      file=sys.stderr)
+            return
+        try:
+            errors = self.close()
+        except KeyboardInterrupt:
+            return
+        for err in errors:
+            print("flowc: an asynchronous job call failed and no later sync point collected the error:",
+                  file=sys.stderr)
+            traceback.print_exception(err, file=sys.stderr)
