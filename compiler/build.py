@@ -41,6 +41,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
                   {}, list(ctx.placeholders))
     if optimizer is not None:
         graph = _add_backward_and_update(ctx, graph, optimizer, loss)
+    graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
+    graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
     graph.verify()
     return TracedJob(graph, layout, optimizer)
 

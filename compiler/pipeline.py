@@ -121,9 +121,9 @@ def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
     return program
 
 
-def generate(program: Program) -> GeneratedStep:
+def generate(program: Program, profile: bool = False) -> GeneratedStep:
     from compiler.cache import package_version
-    return CppGenerator(program.graph, program.kernels, program.memory, package_version()).render()
+    return CppGenerator(program.graph, program.kernels, program.memory, package_version(), profile).render()
 
 
 @dataclass
@@ -147,7 +147,7 @@ def compile_graph(graph: Graph) -> CompiledStep:
     program = lower(graph, records)
     timings["passes"] = time.perf_counter() - start
     start = time.perf_counter()
-    generated = generate(program)
+    generated = generate(program, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     built = build_shared_library(generated.source, name=graph.name)

@@ -50,6 +50,7 @@ class TraceContext:
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
+    assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
 
     @property
     def device(self) -> str:

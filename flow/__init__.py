@@ -17,6 +17,9 @@ from compiler.dtypes import float32, float64, int8, int32, int64, uint8
 from compiler.errors import FlowError, JobCallError, StepError, TraceError
 from compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing  # noqa: F401
+from flow import checkpoint, train  # noqa: F401
+from flow.checkpoint import get_all_variables, load_variables
+from flow import data  # noqa: F401
 from flow.array_ops import cast, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
 from runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,

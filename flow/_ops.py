@@ -35,3 +35,63 @@ def along_last_axis(x: Blob, axis: int, api: str, fn):
         inverse = [perm.index(d) for d in range(last + 1)]
         return emit("transpose", [moved], {"perm": tuple(inverse)}, api=api)
     return moved
+
+
+def pair(value, api: str, arg: str) -> tuple[int, int]:
+    """An int or a pair of ints (OneFlow accepts both for kernel sizes, strides, dilations)."""
+    if isinstance(value, int):
+        return (value, value)
+    items = tuple(int(v) for v in value)
+    if len(items) == 1:
+        return (items[0], items[0])
+    if len(items) != 2:
+        raise TraceError(f"{user_location()}: {api}: {arg} must be an int or a pair, got {value!r}")
+    return items
+
+
+def spatial_pads(padding, size: tuple[int, int], kernel: tuple[int, int], strides: tuple[int, int],
+                 dilation: tuple[int, int], data_format: str, api: str) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) for "SAME", "VALID" or explicit padding.
+
+    "SAME" pads so the output is ceil(input / stride), the extra row or column going to the
+    bottom or right (TensorFlow's and OneFlow's rule).  Explicit padding is an int, a pair
+    (height, width), or one (before, after) pair per dimension of the input's layout.
+    """
+    if isinstance(padding, str):
+        mode = padding.upper()
+        if mode == "VALID":
+            return (0, 0, 0, 0)
+        if mode in ("SAME", "SAME_UPPER"):
+            pads = []
+            for n, k, s, d in zip(size, kernel, strides, dilation):
+                out = -(-n // s)
+                total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
+                pads += [total // 2, total - total // 2]
+            return tuple(pads)
+        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"VALID\" or explicit, "
+                         f"got {padding!r}")
+    if isinstance(padding, int):
+        return (padding, padding, padding, padding)
+    items = list(padding)
+    if len(items) == 4 and all(isinstance(p, (list, tuple)) for p in items):   # one pair per dimension
+        spatial = items[2:] if data_format.startswith("NC") else items[1:3]
+        return (int(spatial[0][0]), int(spatial[0][1]), int(spatial[1][0]), int(spatial[1][1]))
+    if len(items) == 2 and all(isinstance(p, int) for p in items):
+        return (items[0], items[0], items[1], items[1])
+    if len(items) == 2 and all(isinstance(p, (list, tuple)) for p in items):
+        return (int(items[0][0]), int(items[0][1]), int(items[1][0]), int(items[1][1]))
+    raise TraceError(f"{user_location()}: {api}: cannot read padding {padding!r}")
+
+
+def to_nchw(x: Blob, data_format: str, api: str) -> Blob:
+    if data_format in ("NCHW", "channels_first"):
+        return x
+    if data_format in ("NHWC", "channels_last"):
+        return emit("transpose", [x], {"perm": (0, 3, 1, 2)}, api=api)
+    raise TraceError(f"{user_location()}: {api}: data_format must be \"NCHW\" or \"NHWC\", got {data_format!r}")
+
+
+def from_nchw(y: Blob, data_format: str, api: str) -> Blob:
+    if data_format in ("NHWC", "channels_last"):
+        return emit("transpose", [y], {"perm": (0, 2, 3, 1)}, api=api)
+    return y

@@ -50,3 +50,46 @@ def _prod(dims) -> int:
     for d in dims:
         total *= d
     return total
+
+
+def conv2d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data_format: str = "NCHW",
+           dilation_rate=1, groups: int = 1, activation: Callable | None = None, use_bias: bool = True,
+           kernel_initializer=None, bias_initializer=None, kernel_regularizer=None, bias_regularizer=None,
+           trainable: bool = True, name: str | None = None, weight_name=None, bias_name=None) -> Blob:
+    """`flow.layers.conv2d`: a convolution with its own weight `<name>-weight` of shape
+    (filters, in/groups, kh, kw) (NHWC: (filters, kh, kw, in/groups)) and bias `<name>-bias`.
+    The default kernel initializer is Xavier-uniform, as in OneFlow.
+
+    Example:
+        conv1 = flow.layers.conv2d(images, 32, 5, padding="SAME", activation=flow.nn.relu, name="conv1")
+    """
+    from flow import nn
+    from flow._ops import pair
+    api = "flow.layers.conv2d"
+    x = check_blob(inputs, api, "inputs")
+    if len(x.shape) != 4:
+        raise TraceError(f"{user_location()}: {api}: inputs must be 4-D, got shape {list(x.shape)}")
+    if not isinstance(filters, int) or filters <= 0 or filters % groups:
+        raise TraceError(f"{user_location()}: {api}: filters must be a positive multiple of groups={groups}, "
+                         f"got {filters!r}")
+    channels_first = data_format in ("NCHW", "channels_first")
+    channels = x.shape[1] if channels_first else x.shape[3]
+    if channels % groups:
+        raise TraceError(f"{user_location()}: {api}: {channels} input channels are not divisible by "
+                         f"groups={groups}")
+    kh, kw = pair(kernel_size, api, "kernel_size")
+    name = name or current(api).unique_name("Conv2d")
+    shape = (filters, channels // groups, kh, kw) if channels_first else (filters, kh, kw, channels // groups)
+    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
+                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
+                              data_format=data_format),
+                          trainable=trainable)
+    out = nn.conv2d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
+    if use_bias:
+        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
+                            initializer=bias_initializer or initializers.constant_initializer(0),
+                            trainable=trainable)
+        out = nn.bias_add(out, bias, data_format)
+    if activation is not None:
+        out = activation(out)
+    return out

@@ -20,7 +20,7 @@ from compiler.ir import numpy_dtype
 from compiler.pipeline import CompiledStep
 
 _ffi = cffi.FFI()
-_ffi.cdef("int flowc_step(void* const* ptrs);")
+_ffi.cdef("int flowc_step(void* const* ptrs); const double* flowc_profile(void);")
 ALIGN = 64
 
 
@@ -101,6 +101,15 @@ class LoadedStep:
         """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
         self.feed(self.slots[0], arrays, scalars)
         return self.compute(self.slots[0])
+
+    def profile(self) -> list[tuple[str, float]]:
+        """(kernel, seconds summed over the steps so far), for a step built with FLOWC_PROFILE=1."""
+        names = self.compiled.generated.profiled_kernels
+        if not names:
+            raise RuntimeError(f"job {self.graph.name!r} was compiled without per-kernel timers; "
+                               "set FLOWC_PROFILE=1 before its first call")
+        seconds = self.lib.flowc_profile()
+        return [(name, seconds[i]) for i, name in enumerate(names)]
 
     def _raise(self, code: int) -> None:
         node = self.graph.node(self.compiled.generated.error_nodes.get(code, -1)) \

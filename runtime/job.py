@@ -121,6 +121,19 @@ class JobFunction:
         self._ensure_ready()
         return self._traced.graph
 
+    def profile(self) -> str:
+        """A table of time per kernel over the steps run so far (needs FLOWC_PROFILE=1 at compile time).
+
+        Example:
+            FLOWC_PROFILE=1 python train.py    # then: print(train_job.profile())
+        """
+        rows = self._ensure_ready().profile()
+        total = sum(s for _, s in rows) or 1.0
+        lines = [f"{'kernel':<48} {'seconds':>10} {'share':>7}"]
+        for name, seconds in sorted(rows, key=lambda r: -r[1]):
+            lines.append(f"{name:<48} {seconds:>10.4f} {seconds / total:>6.1%}")
+        return "\n".join(lines)
+
     @property
     def compiled(self):
         """The compiled step: `.program` (kernels, memory plan), `.generated.source`, `.library`."""
@@ -137,10 +150,8 @@ class JobFunction:
         synchronous = not self.asynchronous and not self.old_api
         if synchronous:
             pipeline.raise_pending_error()
-        scalars = None
-        if self._traced.optimizer is not None:   # each train job counts its own steps, as in OneFlow
-            done = session.train_steps.get(self.name, 0)
-            scalars = _typed_scalars(self._traced.optimizer.scalars(done), self._traced.graph)
+        done = session.train_steps.get(self.name, 0)     # each train job counts its own steps, as in OneFlow
+        scalars = _runtime_scalars(self._traced, done)
         slot = self.register.acquire()
         try:
             loaded.feed(slot, arrays, scalars)   # inputs are copied now: the caller may reuse its arrays
@@ -210,9 +221,14 @@ class JobFunction:
         return arrays
 
 
-def _typed_scalars(values: dict[str, float], graph) -> dict[str, float]:
-    """The optimizer's scalars under the graph's names (one per variable dtype)."""
-    return {name: values[name.split(":")[0]] for name in graph.scalars}
+def _runtime_scalars(traced, step: int) -> dict[str, float]:
+    """This step's runtime scalars under the graph's names (learning rates: one per variable dtype)."""
+    if not traced.graph.scalars:
+        return {}
+    values = {"train_step": step}
+    if traced.optimizer is not None:
+        values.update(traced.optimizer.scalars(step))
+    return {name: values[name.split(":")[0]] for name in traced.graph.scalars}
 
 
 def _check_devices(graph) -> None:

@@ -33,6 +33,9 @@ class Session:
     variables: dict[str, VariableSlot] = field(default_factory=dict)
     jobs: list[Any] = field(default_factory=list)
     train_steps: dict[str, int] = field(default_factory=dict)    # job name -> steps done
+    # Checkpoint values loaded before a job declared their variable (runtime/checkpoint.py):
+    # name -> PendingValue; declare_variable checks it and uses it as the initial value.
+    pending_values: dict[str, Any] = field(default_factory=dict)
 
     def declare_variable(self, name: str, type_: TensorType, initializer: Any, trainable: bool,
                          loc: str) -> VariableSlot:
@@ -40,6 +43,9 @@ class Session:
         slot = self.variables.get(name)
         if slot is None:
             slot = VariableSlot(name, type_, initializer, trainable, loc)
+            if name in self.pending_values:    # loaded from a checkpoint before this declaration
+                from runtime.checkpoint import take_pending
+                slot.value = take_pending(self, name, type_, loc)
             self.variables[name] = slot
             return slot
         if (slot.type.shape, slot.type.dtype) != (type_.shape, type_.dtype):

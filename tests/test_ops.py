@@ -80,6 +80,28 @@ CASES = {
                                                                       rand(3, 4, dtype=np.float64)]),
     "matmul_transposed_input": (lambda a, b: flow.matmul(flow.transpose(a, perm=[1, 0]), b),
                                 [rand(5, 7), rand(5, 3)]),
+    "conv_same": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME"), [rand(2, 3, 7, 6), rand(4, 3, 3, 3)]),
+    "conv_valid_stride2": (lambda x, w: flow.nn.conv2d(x, w, strides=2, padding="VALID"),
+                           [rand(2, 2, 9, 8), rand(3, 2, 3, 2)]),
+    "conv_explicit_dilated": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding=[[0, 0], [0, 0], [2, 1], [0, 2]],
+                                                          dilations=2), [rand(1, 2, 7, 7), rand(2, 2, 3, 3)]),
+    "conv_groups": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME", groups=2),
+                    [rand(2, 4, 5, 5), rand(6, 2, 3, 3)]),
+    "conv_nhwc": (lambda x, w: flow.nn.conv2d(x, w, strides=[1, 2], padding="SAME", data_format="NHWC"),
+                  [rand(2, 6, 5, 3), rand(4, 3, 3, 3)]),
+    "conv_1x1": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="VALID"), [rand(2, 5, 4, 4), rand(3, 5, 1, 1)]),
+    "conv_bias_relu_epilogue": (lambda x, w, b: flow.nn.relu(flow.nn.bias_add(
+        flow.nn.conv2d(x, w, strides=1, padding="SAME"), b)), [rand(3, 2, 6, 6), rand(5, 2, 3, 3), rand(5)]),
+    "conv_f64": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME"),
+                 [rand(2, 2, 5, 5, dtype=np.float64), rand(3, 2, 3, 3, dtype=np.float64)]),
+    "max_pool_same": (lambda x: flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME"), [rand(2, 3, 7, 5)]),
+    "max_pool_valid_overlap": (lambda x: flow.nn.max_pool2d(x, ksize=3, strides=1, padding="VALID"),
+                               [rand(1, 2, 5, 6)]),
+    "max_pool_nhwc": (lambda x: flow.nn.max_pool2d(x, ksize=2, strides=2, padding="VALID", data_format="NHWC"),
+                      [rand(2, 4, 6, 3)]),
+    "avg_pool_same": (lambda x: flow.nn.avg_pool2d(x, ksize=3, strides=2, padding="SAME"), [rand(2, 2, 7, 6)]),
+    "avg_pool_explicit": (lambda x: flow.nn.avg_pool2d(x, ksize=2, strides=2, padding=[1, 1]),
+                          [rand(1, 3, 5, 5)]),
     "softmax": (lambda a: flow.nn.softmax(a), [rand(6, 10, low=-3, high=3)]),
     "softmax_axis0": (lambda a: flow.nn.softmax(a, axis=0), [rand(6, 4, low=-3, high=3)]),
     "xent_int32": (lambda y, x: flow.nn.sparse_softmax_cross_entropy_with_logits(y, x),
@@ -128,7 +150,8 @@ def test_every_op_is_covered():
     for fn, inputs in CASES.values():
         graph, _, _ = trace_case(fn, inputs)
         seen.update(n.op for n in graph.nodes)
-    missing = sorted(set(OPS) - seen - {"variable", "scalar", "sparse_softmax_cross_entropy_grad"})
+    # grad-only ops are covered by the gradient cases; dropout_mask by tests/test_lenet.py
+    missing = sorted(set(OPS) - seen - {"variable", "scalar", "sparse_softmax_cross_entropy_grad", "dropout_mask"})
     assert not missing, f"ops without a test case: {missing}"
 
 

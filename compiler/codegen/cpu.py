@@ -36,6 +36,7 @@ class GeneratedStep:
     source: str
     bindings: list[tuple]          # ptr slot -> ("arena",) | ("input", i) | ("variable", name) | ("scalar", name)
     error_nodes: dict[int, int]    # error code -> node id
+    profiled_kernels: list[str]    # kernel names, in call order, when built with per-kernel timers
 
 
 class _Params:
@@ -69,8 +70,10 @@ class _Params:
 
 
 class CppGenerator:
-    def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "") -> None:
+    def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
+                 profile: bool = False) -> None:
         self.graph, self.kernels, self.memory, self.version = graph, kernels, memory, version
+        self.profile = profile
         self.bindings: list[tuple] = [("arena",)]
         self.error_nodes: dict[int, int] = {}
         self.materialized = {n for n, b in memory.storage.items()}
@@ -144,9 +147,14 @@ class CppGenerator:
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
         source = _env.get_template("step.cpp.j2").render(
             version=self.version, job=self.graph.name, kernels=kernels, calls=calls, copy_backs=copy_backs,
-            uses_gemm=any(k.kind == "matmul" for k in self.kernels),
+            profile=self.profile,
+            uses_gemm=any(k.kind == "matmul" or (k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv"))
+                          for k in self.kernels),
+            uses_conv=any(k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv")
+                          for k in self.kernels),
             bindings=[_describe_binding(b) for b in self.bindings])
-        return GeneratedStep(source, list(self.bindings), dict(self.error_nodes))
+        return GeneratedStep(source, list(self.bindings), dict(self.error_nodes),
+                             [k.name for k in self.kernels] if self.profile else [])
 
     def pointer_for_variable(self, var: str, node: int) -> str:
         t = c_type(self.graph.node(node).type.dtype)
@@ -275,6 +283,57 @@ class CppGenerator:
         params.use(a.id)
         return text, False
 
+    def _kernel_window(self, k: Kernel, params: _Params):
+        a = self.graph.node(k.anchor)
+        ctx = {"name": k.name, "comment": self._comment(k), "T": c_type(a.type.dtype), "op": a.op,
+               "parallel_min": PARALLEL_MIN_ELEMENTS}
+        if a.op.startswith("conv2d"):
+            ctx.update(self._conv_context(k, a, params))
+        else:
+            ctx.update(self._pool_context(a, params))
+        return _env.get_template(OPS[a.op].template).render(params=params.declarations(), **ctx), False
+
+    def _conv_context(self, k: Kernel, a, params: _Params) -> dict:
+        # Every conv op's geometry, from the forward shapes: x (N, C, H, W), weight (F, Cg, KH, KW).
+        if a.op == "conv2d":
+            x_shape, w_shape = (self.graph.node(i).type.shape for i in a.inputs)
+            names = {"X": params.use(a.inputs[0]), "Wt": params.use(a.inputs[1]), "OUT": params.use(a.id)}
+        elif a.op == "conv2d_grad_input":
+            x_shape, w_shape = a.attr("input_shape"), self.graph.node(a.inputs[1]).type.shape
+            names = {"Wt": params.use(a.inputs[1]), "DY": params.use(a.inputs[0]), "DX": params.use(a.id)}
+        else:
+            x_shape, w_shape = self.graph.node(a.inputs[0]).type.shape, a.attr("filter_shape")
+            names = {"X": params.use(a.inputs[0]), "DY": params.use(a.inputs[1]), "DW": params.use(a.id)}
+        n, c, h, w = x_shape
+        f, cg, kh, kw = w_shape
+        (sh, sw), (pt, pb, pl, pr), (dh, dw) = a.attr("strides"), a.attr("pads"), a.attr("dilation")
+        from compiler.ops.conv import out_size
+        oh, ow = out_size(h, kh, sh, pt, pb, dh), out_size(w, kw, sw, pl, pr, dw)
+        groups = a.attr("groups")
+        epilogue = []
+        if k.members:
+            out_shape = a.type.shape
+            epilogue = self.pointwise_lines(k, k.members, params,
+                                            lambda s: _conv_offset(s, out_shape), anchor_value="acc")
+        direct = kh == kw == 1 and sh == sw == 1 and not any((pt, pb, pl, pr))
+        return dict(names, N=n, C=c, H=h, W=w, F=f, Cg=cg, Fg=f // groups, KH=kh, KW=kw, OH=oh, OW=ow,
+                    P=oh * ow, K=cg * kh * kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=groups,
+                    direct=direct, epilogue=epilogue)
+
+    def _pool_context(self, a, params: _Params) -> dict:
+        if a.op == "avg_pool2d_grad":
+            in_shape = a.attr("input_shape")
+        else:
+            in_shape = self.graph.node(a.inputs[0]).type.shape
+        for i in a.inputs:
+            params.use(i)
+        params.use(a.id)
+        out_shape = a.type.shape if not a.op.endswith("_grad") else self.graph.node(a.inputs[-1]).type.shape
+        (kh, kw), (sh, sw), (pt, pb, pl, pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
+        n, c, h, w = in_shape
+        return dict(planes=n * c, H=h, W=w, OH=out_shape[2], OW=out_shape[3], KH=kh, KW=kw, sh=sh, sw=sw,
+                    pt=pt, pl=pl)
+
     def _kernel_xent_fused(self, k: Kernel, params: _Params):
         return self._xent(k, params, loss=self.graph.node(k.anchor), grad=self.graph.node(k.second))
 
@@ -322,6 +381,17 @@ def _term(var: str, stride: int) -> str:
     if stride == 0:
         return "0"
     return var if stride == 1 else f"{var} * {stride}"
+
+
+def _conv_offset(strides: list[int], shape: tuple) -> str:
+    """Offset of an epilogue operand at (image i0, filter i1, pixel p) of an NCHW conv output."""
+    ow = shape[3]
+    terms = [_term("i0", strides[0]), _term("i1", strides[1])]
+    if strides[2] == strides[3] * ow:          # height and width walk contiguously: index by pixel
+        terms.append(_term("p", strides[3]))
+    else:
+        terms += [_term(f"(p / {ow})", strides[2]), _term(f"(p % {ow})", strides[3])]
+    return " + ".join(t for t in terms if t != "0") or "0"
 
 
 def _gemm_offset(strides: list[int]) -> str:

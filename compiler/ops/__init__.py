@@ -6,8 +6,9 @@ means adding a row, not editing switches across files:
 * `infer`     input types + attrs -> output type (raises `ShapeError` on misuse)
 * `reference` NumPy implementation, used by the reference executor (the test oracle)
 * `gradient`  the vector-Jacobian product, written in other ops through a `GradEmitter`
-* `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row
-* `c_expr`    pointwise ops: a C++ expression over `{0}`, `{1}`, ... and `{T}`;
+* `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row | window
+* `c_expr`    pointwise ops: a C++ expression over `{0}`, `{1}`, ..., `{T}`, the attributes by
+              name and `i` (the element's linear index);
               reductions: how the accumulator `{0}` combines with an element `{1}`
 * `c_init`    reductions: the identity element
 * `template`  for row ops, the name of the kernel template under codegen_templates/cpu/
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row")
+KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row", "window")
 
 
 class ShapeError(ValueError):
@@ -59,4 +60,4 @@ def register(rule: OpRule) -> OpRule:
 
 
 # Importing the modules fills the table.
-from compiler.ops import sources, pointwise, reductions, linalg, nn  # noqa: E402,F401
+from compiler.ops import sources, pointwise, reductions, linalg, nn, conv  # noqa: E402,F401

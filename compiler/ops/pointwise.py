@@ -205,6 +205,40 @@ register(OpRule("constant", "pointwise", _infer_constant,
                 None, c_expr="({T})({value})", differentiable=False))
 
 
+def _infer_dropout_mask(inputs: list, attrs: dict) -> TensorType:
+    (step,) = inputs
+    if step.shape != () or step.dtype != "int64":
+        raise ShapeError(f"dropout_mask: its input is the int64 train step scalar, got {step}")
+    return TensorType(tuple(attrs["shape"]), attrs["dtype"])
+
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def dropout_keep(seed: int, step: int, size: int, threshold: int) -> np.ndarray:
+    """The same bits as flowc::dropout_keep in flowc_runtime.h, for every index at once."""
+    with np.errstate(over="ignore"):
+        i = np.arange(size, dtype=np.uint64)
+        z = np.uint64(seed) ^ (np.uint64(step) * np.uint64(0x9E3779B97F4A7C15)) ^ (i * np.uint64(0xBF58476D1CE4E5B9))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(32)) >= np.uint64(threshold)
+
+
+def _dropout_mask_reference(step, shape, dtype, seed, threshold, scale, rate):
+    size = int(np.prod(shape, dtype=np.int64))
+    keep = dropout_keep(seed, int(step), size, threshold).reshape(shape)
+    return np.where(keep, scale, 0.0).astype(numpy_dtype(dtype))
+
+
+# dropout_mask(step): 1/(1-rate) where an element is kept, else 0.  Uses `i`, the linear index
+# of the element, which every generated pointwise loop defines.
+register(OpRule("dropout_mask", "pointwise", _infer_dropout_mask, _dropout_mask_reference, None,
+                c_expr="(flowc::dropout_keep({seed}ULL, (uint64_t){0}, (uint64_t)i, {threshold}u) "
+                       "? ({T}){scale} : ({T})0)", differentiable=False))
+
+
 def _infer_cast(inputs: list, attrs: dict) -> TensorType:
     (x,) = inputs
     return TensorType(x.shape, attrs["dtype"])

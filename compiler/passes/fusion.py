@@ -27,7 +27,7 @@ from compiler.ops import OPS
 class Kernel:
     """One function of the generated step.
 
-    kind: pointwise | matmul | reduction | row | xent_fused.
+    kind: pointwise | matmul | reduction | row | window | xent_fused.
     `anchor` is the matmul / reduction / row node; `loops` are pointwise member
     groups: the body of a pointwise kernel (several independent loops after
     `group_optimizer_updates`), or the epilogue (loops[0]) of an anchored kernel.
@@ -101,7 +101,7 @@ def fuse_elementwise(graph: Graph, log: FusionLog) -> list[Kernel]:
     kernels = []
     for n in graph.nodes:
         kind = OPS[n.op].kind
-        if kind in ("matmul", "reduction", "row"):
+        if kind in ("matmul", "reduction", "row", "window"):
             kernels.append(Kernel(f"{n.op}_{n.id}", kind, anchor=n.id))
         elif kind == "pointwise" and n.id in groups:
             kernels.append(Kernel(f"loop_{n.id}", "pointwise", loops=[groups[n.id]]))
@@ -113,7 +113,8 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
     owner = {m: k for k in kernels for m in k.members}
     absorbed: set[int] = set()
     for k in kernels:
-        if k.kind not in ("matmul", "reduction"):
+        if k.kind not in ("matmul", "reduction") and not (k.kind == "window" and
+                                                          graph.node(k.anchor).op == "conv2d"):
             continue
         a = graph.node(k.anchor)
         consumers = users[a.id]
@@ -149,6 +150,8 @@ def _epilogue_refusal(graph: Graph, k: Kernel, members: list[int]) -> str | None
     a = graph.node(k.anchor)
     if k.kind == "matmul":
         return "batched matmul has a plain write-back" if len(a.type.shape) > 2 else None
+    if k.kind == "window":      # conv2d: the epilogue indexes (image, filter, pixel) with any strides
+        return None
     # A reduction's epilogue indexes its output linearly: other operands must match it or be scalars.
     inside = set(members) | {a.id}
     for m in members:

@@ -64,7 +64,7 @@ def materialized(graph: Graph, kernels: list[Kernel]) -> set[int]:
         if any(owner.get(c) != owner[n.id] for c in users[n.id]):
             needed.add(n.id)
     for k in kernels:
-        if k.kind in ("row", "xent_fused"):
+        if k.kind in ("row", "xent_fused", "window"):
             needed.update(a for a in (k.anchor, k.second) if a is not None)
     return needed
 
@@ -126,7 +126,7 @@ def plan_memory(graph: Graph, kernels: list[Kernel], inplace: dict[int, str],
             if n in storage:
                 continue
             # matmul and reduction kernels write their raw result before the epilogue
-            if n in needed or (n == k.anchor and k.kind in ("matmul", "reduction")):
+            if n in needed or (n == k.anchor and k.kind in ("matmul", "reduction", "window")):
                 lifetimes[n] = [i, i]
     results = set(graph.outputs) | {node for node, _ in copy_back}
     for i, k in enumerate(kernels):

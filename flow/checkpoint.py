@@ -1,0 +1,55 @@
+"""`flow.checkpoint`: save and read checkpoints in OneFlow's folder format (see runtime/checkpoint.py).
+
+Example:
+    flow.checkpoint.save("./models/step_1000")          # a new folder; fails if it exists and is not empty
+    values = flow.checkpoint.get("./models/step_1000")  # name -> value read on .numpy()
+    flow.load_variables(values)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from runtime import checkpoint as _impl
+from runtime.checkpoint import CheckpointError, SavedVariable, VariableValue  # noqa: F401
+from runtime.session import default_session
+
+
+def save(path) -> None:
+    """Save every variable of the session (optimizer state and train step counters included) to a
+    new folder `path`, atomically: `path` appears complete or not at all.
+
+    Example:
+        flow.checkpoint.save("./lenet_models_1")
+    """
+    _impl.save(default_session(), path)
+
+
+def get(path) -> dict[str, SavedVariable]:
+    """The variables of the checkpoint at `path`: name -> value whose `.numpy()` reads the file then.
+
+    Example:
+        w = flow.checkpoint.get("./lenet_models_1")["dense1-weight"].numpy()
+    """
+    return _impl.read_checkpoint(path)
+
+
+def load_variables(value_dict: dict[str, Any], ignore_mismatch: bool = True) -> None:
+    """Set variables by name from NumPy arrays or objects with `.numpy()` (e.g. `flow.checkpoint.get`).
+
+    Every value is checked (shape, dtype) before any is written.  A name no job has declared yet is
+    kept and becomes that variable's value when a job declares it (jobs declare their variables at
+    their first call); with `ignore_mismatch=False` such a name is an error instead.
+
+    Example:
+        flow.load_variables({"w": np.zeros((10, 784), np.float32)})
+    """
+    _impl.load_values(default_session(), value_dict, "flow.load_variables", ignore_unknown=ignore_mismatch)
+
+
+def get_all_variables() -> dict[str, VariableValue]:
+    """Every declared variable: name -> object whose `.numpy()` returns a copy of its current value.
+
+    Example:
+        weights = {name: v.numpy() for name, v in flow.get_all_variables().items()}
+    """
+    return _impl.all_variables(default_session())

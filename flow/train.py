@@ -1,0 +1,33 @@
+"""`flow.train`: OneFlow's `CheckPoint` object (the v0.3 way of initializing, saving and loading).
+
+Example:
+    check_point = flow.train.CheckPoint()
+    check_point.init()                      # or check_point.load("./lenet_models_1")
+    for epoch in range(20): ...             # train
+    check_point.save("./lenet_models_1")    # a new folder
+"""
+from __future__ import annotations
+
+from runtime import checkpoint as _impl
+from runtime.session import default_session
+
+
+class CheckPoint:
+    """Initialize, save and load the variables of the default session.
+
+    `init()` and `load()` may come before the first job call, as in OneFlow programs: variables a job
+    has not declared yet get their initializer (init) or the loaded value (load) when it declares them.
+    """
+
+    def init(self) -> None:
+        """Reset every declared variable to its initializer's values (in place) and the train step
+        counters to zero; forget values loaded for variables not declared yet."""
+        _impl.init(default_session())
+
+    def save(self, path) -> None:
+        """Save every variable to the new folder `path` (it must not exist, or be empty)."""
+        _impl.save(default_session(), path)
+
+    def load(self, path) -> None:
+        """Load the checkpoint folder `path`: every value is checked before any is written."""
+        _impl.load(default_session(), path)

@@ -1,0 +1,431 @@
+"""Checkpoints in OneFlow's directory format, so models move between OneFlow and flowc.
+
+A checkpoint is a folder holding one sub-folder per variable and an empty `snapshot_done`:
+
+    path/
+      hidden-weight/out     raw C-order little-endian bytes of the array
+      hidden-weight/meta    VariableMetaInfo { shape { dim: 512 dim: 784 } data_type: kFloat }
+      ...
+      System-Train-TrainStep-train_job/out    the job's step counter, an int64 scalar
+      snapshot_done
+
+Optimizer state (`<var>-momentum`, `<var>-m`, `<var>-v`) is made of ordinary session variables
+and is saved with the rest; each train job's step counter (`Session.train_steps`) is saved as a
+variable-like folder and restored by `load`.
+
+Rules this module keeps:
+
+* Saving is atomic: everything is written (and fsync'ed) into a temporary sibling folder that is
+  renamed to `path` only when complete; a failed save removes it, so an interrupted save never
+  leaves a folder that loads.  `path` must not exist or be an empty folder (OneFlow's rule).
+* Loading validates every variable (meta shape and dtype against the declared variable, the byte
+  size of `out`) before it changes any value, and every error names the variable.  A checkpoint
+  without `snapshot_done` is incomplete and refused.  Folders without `meta` (OneFlow's legacy
+  format) load when the shape is known from the declared variable.
+* Variables are declared when a job is first traced, while OneFlow programs load before the first
+  call: a value for a variable not yet declared waits in `Session.pending_values` and becomes the
+  variable's initial value when it is declared (`take_pending`, called by the session).
+* Values are written in place (`np.copyto`): compiled steps hold pointers into the arrays.
+* Never pickle: arrays are read with an explicit little-endian dtype.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import FlowError
+from compiler.ir import TensorType, numpy_dtype
+
+SNAPSHOT_DONE = "snapshot_done"
+TRAIN_STEP_PREFIX = "System-Train-TrainStep-"
+
+# flowc dtype names <-> OneFlow's DataType enum names (as protobuf text format writes them).
+ONEFLOW_DTYPE = {"float32": "kFloat", "float64": "kDouble", "int8": "kInt8", "int32": "kInt32",
+                 "int64": "kInt64", "uint8": "kUInt8"}
+FROM_ONEFLOW_DTYPE = {v: k for k, v in ONEFLOW_DTYPE.items()}
+
+
+class CheckpointError(FlowError, ValueError):
+    """A checkpoint cannot be saved or loaded; the message names the folder and the variable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The on-disk format of one variable
+# ---------------------------------------------------------------------------------------------
+def format_meta(shape: tuple[int, ...], dtype: str) -> str:
+    """The `meta` text of a variable.
+
+    Example:
+        format_meta((512, 784), "float32")
+        # 'VariableMetaInfo { shape { dim: 512 dim: 784 } data_type: kFloat }'
+    """
+    dims = "".join(f"dim: {int(d)} " for d in shape)
+    return f"VariableMetaInfo {{ shape {{ {dims}}} data_type: {ONEFLOW_DTYPE[dtype]} }}"
+
+
+_DIMS = re.compile(r"\bshape\s*\{([^}]*)\}")
+_DIM = re.compile(r"\bdim\s*:\s*(-?\d+)")
+_DATA_TYPE = re.compile(r"\bdata_type\s*:\s*(\w+)")
+
+
+def parse_meta(text: str, name: str, where: str) -> TensorType:
+    """Read a `meta` file: the one-line form above or protobuf's multi-line text format."""
+    shape_block = _DIMS.search(text)
+    data_type = _DATA_TYPE.search(text)
+    if data_type is None:
+        raise CheckpointError(f"checkpoint {where}: variable {name!r}: cannot read its meta file "
+                              f"(no data_type): {text.strip()[:200]!r}")
+    dtype = FROM_ONEFLOW_DTYPE.get(data_type.group(1))
+    if dtype is None:
+        raise CheckpointError(f"checkpoint {where}: variable {name!r} has data_type {data_type.group(1)}, "
+                              f"which flowc does not support (it supports {', '.join(FROM_ONEFLOW_DTYPE)})")
+    shape = tuple(int(d) for d in _DIM.findall(shape_block.group(1))) if shape_block else ()
+    if any(d < 0 for d in shape):
+        raise CheckpointError(f"checkpoint {where}: variable {name!r} has a negative dimension in its "
+                              f"meta shape {list(shape)}")
+    return TensorType(shape, dtype)
+
+
+def _little_endian(dtype: str) -> np.dtype:
+    return numpy_dtype(dtype).newbyteorder("<")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a folder's entries durable; a no-op where the file system cannot fsync folders."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_variable(folder: str, name: str, value: np.ndarray, dtype: str) -> None:
+    """Write `folder/name/out` and `folder/name/meta` (tests monkeypatch this to interrupt a save)."""
+    var_dir = os.path.join(folder, name)
+    os.mkdir(var_dir)
+    data = np.asarray(value, dtype=_little_endian(dtype), order="C")
+    _write_file(os.path.join(var_dir, "out"), memoryview(data).cast("B") if data.size else b"")
+    _write_file(os.path.join(var_dir, "meta"), format_meta(data.shape, dtype).encode())
+    _fsync_dir(var_dir)
+
+
+@dataclass
+class SavedVariable:
+    """One variable of a checkpoint on disk, read when asked (`flow.checkpoint.get`).
+
+    `type` is the shape and dtype from its `meta`, or None for a legacy folder without one: then
+    the shape comes from the variable it is loaded into (`read_as`).
+    """
+    name: str
+    folder: str
+    type: TensorType | None
+    checkpoint: str
+
+    @property
+    def out_path(self) -> str:
+        return os.path.join(self.folder, "out")
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        return self.type.shape if self.type is not None else None
+
+    @property
+    def dtype(self) -> str | None:
+        return self.type.dtype if self.type is not None else None
+
+    def nbytes_on_disk(self) -> int:
+        return os.path.getsize(self.out_path)
+
+    def numpy(self) -> np.ndarray:
+        """The array, read from disk now.  A legacy folder (no meta) needs its variable declared."""
+        if self.type is None:
+            from runtime.session import default_session
+            slot = default_session().variables.get(self.name)
+            if slot is None:
+                raise CheckpointError(f"checkpoint {self.checkpoint}: variable {self.name!r} has no meta file "
+                                      f"(legacy format), so its shape and dtype are unknown until a job "
+                                      f"declares it; load it with flow.load_variables or CheckPoint().load")
+            return self.read_as(slot.type)
+        return self.read_as(self.type)
+
+    def read_as(self, want: TensorType) -> np.ndarray:
+        """Read the array as a variable of type `want`, checking meta and byte size against it."""
+        if self.type is not None:
+            check_type(self.name, want, self.type, f"checkpoint {self.checkpoint}")
+        expected = want.nbytes
+        actual = self.nbytes_on_disk()
+        if actual != expected:
+            raise CheckpointError(f"checkpoint {self.checkpoint}: variable {self.name!r}: its out file has "
+                                  f"{actual} bytes, expected {expected} ({want}); the file is truncated, "
+                                  f"corrupt or from a different model")
+        data = np.fromfile(self.out_path, dtype=_little_endian(want.dtype), count=want.size)
+        if data.size != want.size:     # the file changed under us
+            raise CheckpointError(f"checkpoint {self.checkpoint}: variable {self.name!r}: read {data.size} "
+                                  f"values, expected {want.size}")
+        return np.asarray(data.reshape(want.shape), dtype=numpy_dtype(want.dtype), order="C")
+
+    def __repr__(self) -> str:
+        what = str(self.type) if self.type is not None else "legacy, shape from the declared variable"
+        return f"<SavedVariable {self.name!r} {what} in {self.checkpoint}>"
+
+
+def check_type(name: str, declared: TensorType, found: TensorType, where: str) -> None:
+    """Raise unless `found` has the declared shape and dtype; the message names the variable."""
+    if tuple(found.shape) != tuple(declared.shape):
+        raise CheckpointError(f"{where}: variable {name!r} has shape {list(found.shape)} but is declared "
+                              f"with shape {list(declared.shape)}")
+    if found.dtype != declared.dtype:
+        raise CheckpointError(f"{where}: variable {name!r} has dtype {found.dtype} but is declared "
+                              f"with dtype {declared.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a checkpoint folder
+# ---------------------------------------------------------------------------------------------
+def read_checkpoint(path: str | os.PathLike) -> dict[str, SavedVariable]:
+    """The variables of the checkpoint at `path` (nothing read yet but the meta files)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path}: no such folder")
+    if not os.path.isfile(os.path.join(path, SNAPSHOT_DONE)):
+        raise CheckpointError(f"checkpoint {path} is incomplete: it has no {SNAPSHOT_DONE} file (the save "
+                              f"that wrote it did not finish, or this is not a checkpoint folder)")
+    found: dict[str, SavedVariable] = {}
+    for name in sorted(os.listdir(path)):
+        folder = os.path.join(path, name)
+        if not os.path.isdir(folder):
+            continue
+        out, meta = os.path.join(folder, "out"), os.path.join(folder, "meta")
+        if not os.path.isfile(out):
+            if os.path.exists(meta):
+                raise CheckpointError(f"checkpoint {path}: variable {name!r} has a meta file but no out file")
+            continue                                     # not a variable folder
+        var_type = None
+        if os.path.isfile(meta):
+            with open(meta, encoding="utf-8") as f:
+                var_type = parse_meta(f.read(), name, path)
+        found[name] = SavedVariable(name, folder, var_type, path)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Session operations
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class PendingValue:
+    """A value loaded for a variable no job has declared yet; it becomes the variable's initial value
+    when a job declares it (`take_pending`)."""
+    data: np.ndarray          # the typed array, or the raw bytes (uint8) of a legacy folder without meta
+    raw: bool                 # legacy: shape and dtype come from the declaration, checked by byte size
+    cast_ok: bool             # a user's array (load_variables): same-kind dtype conversion is allowed
+    source: str               # where it came from, for messages
+
+    def describe(self) -> str:
+        if self.raw:
+            return f"{self.data.nbytes} bytes"
+        return f"shape {list(self.data.shape)} ({self.data.dtype})"
+
+
+def take_pending(session, name: str, declared: TensorType, loc: str) -> np.ndarray:
+    """The pending value of `name` checked against its declaration, as a fresh array; called by
+    `Session.declare_variable`.  The entry is removed only when it fits."""
+    pending: PendingValue = session.pending_values[name]
+    target = numpy_dtype(declared.dtype)
+    if pending.raw:
+        ok = pending.data.nbytes == declared.nbytes
+    else:
+        ok = tuple(pending.data.shape) == tuple(declared.shape) and (
+            pending.data.dtype == target
+            or (pending.cast_ok and np.can_cast(pending.data.dtype, target, casting="same_kind")))
+    if not ok:
+        raise CheckpointError(f"{loc}: variable {name!r} is declared with shape {list(declared.shape)} "
+                              f"({declared.dtype}, {declared.nbytes} bytes), but the value loaded for it from "
+                              f"{pending.source} has {pending.describe()}")
+    value = pending.data.view(_little_endian(declared.dtype)).reshape(declared.shape) if pending.raw \
+        else pending.data
+    del session.pending_values[name]
+    return np.array(value, dtype=target, order="C", copy=True)
+
+
+def _current_value(session, name: str) -> np.ndarray:
+    return session.value(name)
+
+
+def save(session, path: str | os.PathLike) -> None:
+    """Write every variable of `session` (and its train step counters) to a fresh folder `path`."""
+    path = os.path.abspath(os.fspath(path))
+    _check_fresh(path)
+    session.sync()                                # the values after every call made so far
+    entries: list[tuple[str, np.ndarray, str | None]] = []      # (name, value, dtype; None: raw bytes)
+    for name in list(session.variables):
+        entries.append((name, _current_value(session, name), session.variables[name].type.dtype))
+    for name, pending in session.pending_values.items():   # loaded, not declared yet: keep them as loaded
+        if name not in session.variables:
+            entries.append((name, pending.data, None if pending.raw else pending.data.dtype.name))
+    for job, steps in session.train_steps.items():
+        entries.append((TRAIN_STEP_PREFIX + job, np.array(steps, dtype=np.int64), "int64"))
+    for name, _, _ in entries:
+        _check_name(name)
+    parent, base = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{base}.saving-{os.getpid()}-{secrets.token_hex(4)}")
+    os.mkdir(tmp)
+    try:
+        for name, value, dtype in entries:
+            if dtype is None:                     # a legacy value stays legacy: out only
+                os.mkdir(os.path.join(tmp, name))
+                _write_file(os.path.join(tmp, name, "out"), value.tobytes())
+            else:
+                _write_variable(tmp, name, value, dtype)
+        _write_file(os.path.join(tmp, SNAPSHOT_DONE), b"")
+        _fsync_dir(tmp)
+        try:
+            os.rename(tmp, path)                  # atomic; replaces only an empty folder
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path}: cannot save there ({e.strerror}); save into a new "
+                                  f"folder") from e
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _check_fresh(path: str) -> None:
+    if os.path.isdir(path):
+        if os.listdir(path):
+            raise CheckpointError(f"checkpoint {path}: the folder exists and is not empty; save into a new "
+                                  f"folder (OneFlow does not overwrite a checkpoint)")
+    elif os.path.exists(path):
+        raise CheckpointError(f"checkpoint {path}: exists and is not a folder")
+
+
+def _check_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or (os.sep in name) or "\0" in name:
+        raise CheckpointError(f"variable {name!r} cannot be saved: its name is not a valid folder name")
+
+
+def resolve(session, name: str, value: Any, where: str) -> np.ndarray | PendingValue:
+    """Read and check `value` (an array, an object with `.numpy()`, or a SavedVariable) for variable
+    `name`: the array to write for a declared variable, a PendingValue for one not declared yet."""
+    slot = session.variables.get(name)
+    if isinstance(value, SavedVariable):
+        if slot is not None:
+            return value.read_as(slot.type)
+        source = f"checkpoint {value.checkpoint}"
+        if value.type is None:
+            return PendingValue(np.fromfile(value.out_path, dtype=np.uint8), True, False, source)
+        return PendingValue(value.read_as(value.type), False, False, source)
+    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if array.dtype.name not in ONEFLOW_DTYPE:
+        raise CheckpointError(f"{where}: the value for variable {name!r} has dtype {array.dtype}, which "
+                              f"flowc does not support (it supports {', '.join(ONEFLOW_DTYPE)})")
+    if slot is None:
+        return PendingValue(np.array(array, order="C", copy=True), False, True, where)
+    if tuple(array.shape) != tuple(slot.type.shape):
+        raise CheckpointError(f"{where}: the value for variable {name!r} has shape {list(array.shape)} but "
+                              f"the variable is declared with shape {list(slot.type.shape)}")
+    target = numpy_dtype(slot.type.dtype)
+    if not np.can_cast(array.dtype, target, casting="same_kind"):
+        raise CheckpointError(f"{where}: the value for variable {name!r} has dtype {array.dtype}, which "
+                              f"cannot be converted to the variable's {slot.type.dtype}")
+    return np.asarray(array, dtype=target, order="C")
+
+
+def assign(session, values: dict[str, Any], steps: dict[str, int]) -> None:
+    """Write checked values into the session: in place for declared variables, pending otherwise."""
+    session.sync()                                 # no step may run while the values change
+    for name, value in values.items():
+        slot = session.variables.get(name)
+        if slot is None:                           # no job has declared it yet
+            session.pending_values[name] = value
+        elif slot.value is None:
+            slot.value = np.array(value, dtype=numpy_dtype(slot.type.dtype), order="C")
+        else:
+            np.copyto(slot.value, value, casting="same_kind")   # compiled steps point into it
+    session.train_steps.update(steps)
+
+
+def _train_step(value: Any, name: str, where: str) -> int:
+    if isinstance(value, SavedVariable):
+        array = value.read_as(TensorType((), "int64") if value.type is None else value.type)
+    else:
+        array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if array.size != 1 or array.dtype.kind not in "iu":
+        raise CheckpointError(f"{where}: {name!r} must hold one integer (a train step count), got "
+                              f"{array.dtype}{list(array.shape)}")
+    return int(array.reshape(()))
+
+
+def load_values(session, values: dict[str, Any], where: str, ignore_unknown: bool = True) -> None:
+    """Check every value, then assign them all (a failed load changes nothing)."""
+    checked: dict[str, Any] = {}
+    steps: dict[str, int] = {}
+    for name, value in values.items():
+        if name.startswith(TRAIN_STEP_PREFIX):
+            steps[name[len(TRAIN_STEP_PREFIX):]] = _train_step(value, name, where)
+            continue
+        if not ignore_unknown and name not in session.variables:
+            known = ", ".join(sorted(session.variables)) or "none yet: no job has been called"
+            raise CheckpointError(f"{where}: variable {name!r} is not declared in this session (declared: "
+                                  f"{known}); pass ignore_mismatch=True to skip unknown names")
+        checked[name] = resolve(session, name, value, where)
+    assign(session, checked, steps)
+
+
+def load(session, path: str | os.PathLike) -> None:
+    """Load the checkpoint at `path` into `session` (before or after its jobs are first called)."""
+    path = os.fspath(path)
+    load_values(session, read_checkpoint(path), f"checkpoint {path}")
+
+
+def init(session) -> None:
+    """Initialize every declared variable from its initializer, in place; forget loaded values
+    still pending and the train step counters (OneFlow's init starts training afresh)."""
+    session.sync()
+    session.pending_values.clear()
+    session.initialize_all(force=True)
+    session.train_steps.clear()
+
+
+class VariableValue:
+    """A copy of one variable's current value (what `flow.get_all_variables()` maps names to)."""
+
+    def __init__(self, name: str, value: np.ndarray) -> None:
+        self.name = name
+        self._value = value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._value.dtype
+
+    def numpy(self) -> np.ndarray:
+        return self._value.copy()
+
+    def __repr__(self) -> str:
+        return f"<VariableValue {self.name!r} {self._value.dtype}{list(self._value.shape)}>"
+
+
+def all_variables(session) -> dict[str, VariableValue]:
+    session.sync()
+    return {name: VariableValue(name, _current_value(session, name).copy()) for name in list(session.variables)}
