@@ -20,7 +20,7 @@ from flow import config, layers, losses, math, nn, optimizer, scope, typing  # n
 from flow import checkpoint, train  # noqa: F401
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data  # noqa: F401
-from flow.array_ops import cast, flatten, matmul, reshape, transpose
+from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
 from runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,

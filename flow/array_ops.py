@@ -72,6 +72,22 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False, alpha: fl
     return out if alpha == 1.0 else out * float(alpha)
 
 
+def concat(inputs, axis: int = 0, max_dim_size=None, name: str | None = None) -> Blob:
+    """`flow.concat(inputs, axis=0)`: join Blobs along `axis` (negative counts from the end).
+
+    Example:
+        both = flow.concat([a, b], axis=1)
+    """
+    api = "flow.concat"
+    blobs = [check_blob(x, api, f"inputs[{i}]") for i, x in enumerate(inputs)]
+    if not blobs:
+        raise TraceError(f"{user_location()}: {api}: needs at least one input")
+    (ax,) = axes(blobs[0], axis, api)
+    if len(blobs) == 1:
+        return blobs[0]
+    return emit("concat", blobs, {"axis": ax}, name=name or "", api=api)
+
+
 def cast(x, dtype, name: str | None = None) -> Blob:
     """`flow.cast(x, dtype)`.
 

@@ -93,3 +93,61 @@ def conv2d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
     if activation is not None:
         out = activation(out)
     return out
+
+
+def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
+                        center: bool = True, scale: bool = True, beta_initializer=None, gamma_initializer=None,
+                        beta_regularizer=None, gamma_regularizer=None, moving_mean_initializer=None,
+                        moving_variance_initializer=None, trainable: bool = True, training: bool = True,
+                        name: str | None = None) -> Blob:
+    """`flow.layers.batch_normalization`: normalize over every axis but `axis`.
+
+    In train jobs (with `training=True`) it uses the batch's mean and (biased) variance and each
+    step updates `<name>-moving_mean` / `<name>-moving_variance` by
+    `moving = momentum * moving + (1 - momentum) * batch`; predict jobs use the moving values.
+    Variables: `<name>-gamma`, `<name>-beta`, `<name>-moving_mean`, `<name>-moving_variance`.
+
+    Example:
+        y = flow.layers.batch_normalization(conv1, axis=1, name="bn1")
+    """
+    from flow import math
+    from flow.array_ops import reshape
+    api = "flow.layers.batch_normalization"
+    x = check_blob(inputs, api, "inputs")
+    ctx = current(api)
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        raise TraceError(f"{user_location()}: {api}: axis {axis} is out of range for shape {list(x.shape)}")
+    axis %= rank
+    channels = x.shape[axis]
+    name = name or ctx.unique_name("BatchNorm")
+    kept = [1] * rank
+    kept[axis] = channels
+    reduce_axes = [d for d in range(rank) if d != axis]
+
+    def variable(suffix, initializer, is_trainable):
+        v = get_variable(f"{name}-{suffix}", shape=(channels,), dtype=x.dtype, initializer=initializer,
+                         trainable=is_trainable)
+        return reshape(v, kept), v
+
+    moving_mean, mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(),
+                                   False)
+    moving_var, mv_var = variable("moving_variance",
+                                  moving_variance_initializer or initializers.ones_initializer(), False)
+    if ctx.job_type == "train" and training:
+        mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
+        centered = x - mean
+        var = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
+        ctx.assigns[f"{name}-moving_mean"] = (mm_var * momentum + reshape(mean, [channels]) * (1 - momentum)).id
+        ctx.assigns[f"{name}-moving_variance"] = (mv_var * momentum
+                                                  + reshape(var, [channels]) * (1 - momentum)).id
+    else:
+        centered, var = x - moving_mean, moving_var
+    out = centered / math.sqrt(var + epsilon)
+    if scale:
+        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable)
+        out = out * gamma
+    if center:
+        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable)
+        out = out + beta
+    return out

@@ -75,6 +75,12 @@ def reduce_mean(input_tensor, axis=None, keepdims: bool = False, name: str | Non
     return total * (1.0 / count) if count else total
 
 
+def gelu(x, name: str | None = None) -> Blob:
+    """`flow.math.gelu(x)`, the same as `flow.nn.gelu`."""
+    from flow.nn import gelu as nn_gelu
+    return nn_gelu(x, name)
+
+
 def argmax(input, axis: int = -1, name: str | None = None) -> Blob:
     """`flow.math.argmax(input, axis=-1)`: int32 index of the largest element along `axis`.
 

@@ -149,3 +149,22 @@ def dropout(x, rate: float, noise_shape=None, seed: int | None = None, name: str
                                          "threshold": threshold, "scale": 1.0 / (1.0 - float(rate)),
                                          "rate": float(rate)}, name=name, api=api)
     return emit("multiply", [x, mask], name=name, api=api)
+
+
+def gelu(x, name: str | None = None) -> Blob:
+    """`flow.nn.gelu(x)`: x * Phi(x) (the exact, erf form).
+
+    Example:
+        y = flow.nn.gelu(x)
+    """
+    return emit("gelu", [check_blob(x, "flow.nn.gelu", "x")], name=name or "", api="flow.nn.gelu")
+
+
+def leaky_relu(x, alpha: float = 0.2, name: str | None = None) -> Blob:
+    """`flow.nn.leaky_relu(x, alpha=0.2)`: x where x > 0, else alpha * x.
+
+    Example:
+        y = flow.nn.leaky_relu(x, alpha=0.1)
+    """
+    return emit("leaky_relu", [check_blob(x, "flow.nn.leaky_relu", "x")], {"alpha": float(alpha)},
+                name=name or "", api="flow.nn.leaky_relu")

@@ -99,10 +99,25 @@ def _annotations(fn: Callable) -> dict[str, Any]:
     # Annotations are evaluated objects here (placeholders are instances), so read them raw;
     # string annotations (from __future__ import annotations) are resolved in fn's globals.
     raw = dict(getattr(fn, "__annotations__", {}))
+    closure = {name: cell.cell_contents for name, cell in
+               zip(fn.__code__.co_freevars, fn.__closure__ or ()) if _has_value(cell)}
     for key, value in raw.items():
         if isinstance(value, str):
-            raw[key] = eval(value, fn.__globals__)  # noqa: S307 - the user's own annotation
+            try:
+                raw[key] = eval(value, fn.__globals__, closure)  # noqa: S307 - the user's own annotation
+            except NameError as err:
+                raise TypeError(f"job function {fn.__name__!r}: cannot evaluate the annotation {value!r} of "
+                                f"{key!r} ({err}); with `from __future__ import annotations` the names in "
+                                "placeholder annotations must be visible from the module") from None
     return raw
+
+
+def _has_value(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 # --- results ----------------------------------------------------------------------------

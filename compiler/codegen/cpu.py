@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import jinja2
+import numpy as np
 
 import codegen_templates
 from compiler.ir import Graph, c_type
@@ -289,6 +290,8 @@ class CppGenerator:
                "parallel_min": PARALLEL_MIN_ELEMENTS}
         if a.op.startswith("conv2d"):
             ctx.update(self._conv_context(k, a, params))
+        elif a.op in ("concat", "slice_axis"):
+            ctx.update(self._copy_context(a, params))
         else:
             ctx.update(self._pool_context(a, params))
         return _env.get_template(OPS[a.op].template).render(params=params.declarations(), **ctx), False
@@ -319,6 +322,24 @@ class CppGenerator:
         return dict(names, N=n, C=c, H=h, W=w, F=f, Cg=cg, Fg=f // groups, KH=kh, KW=kw, OH=oh, OW=ow,
                     P=oh * ow, K=cg * kh * kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=groups,
                     direct=direct, epilogue=epilogue)
+
+    def _copy_context(self, a, params: _Params) -> dict:
+        axis = a.attr("axis")
+        shape = a.type.shape
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        if a.op == "slice_axis":
+            x = self.graph.node(a.inputs[0]).type
+            params.use(a.inputs[0])
+            params.use(a.id)
+            return dict(outer=outer, in_block=x.shape[axis] * inner, out_block=shape[axis] * inner,
+                        offset=a.attr("begin") * inner)
+        parts, offset = [], 0
+        for x in a.inputs:
+            block = self.graph.node(x).type.shape[axis] * inner
+            parts.append({"name": params.use(x), "block": block, "offset": offset})
+            offset += block
+        return dict(outer=outer, out_block=shape[axis] * inner, out=params.use(a.id), parts=parts)
 
     def _pool_context(self, a, params: _Params) -> dict:
         if a.op == "avg_pool2d_grad":

@@ -60,4 +60,4 @@ def register(rule: OpRule) -> OpRule:
 
 
 # Importing the modules fills the table.
-from compiler.ops import sources, pointwise, reductions, linalg, nn, conv  # noqa: E402,F401
+from compiler.ops import sources, pointwise, reductions, linalg, nn, conv, arrays  # noqa: E402,F401

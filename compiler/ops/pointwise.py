@@ -100,6 +100,14 @@ def _extremum_grad(e, node, dy):
     return [e.sum_to(da, a), e.sum_to(db, b)]
 
 
+def _gelu_grad(e, node, dy):
+    return [e.op("gelu_grad", node.inputs[0], dy)]
+
+
+def _leaky_relu_grad(e, node, dy):
+    return [e.op("leaky_relu_grad", node.inputs[0], dy, alpha=node.attr("alpha"))]
+
+
 def _neg_grad(e, node, dy):
     return [e.op("negative", dy)]
 
@@ -184,6 +192,32 @@ register(OpRule("exp", "pointwise", _unary_float("exp"), np.exp, _exp_grad, c_ex
 register(OpRule("log", "pointwise", _unary_float("log"), np.log, _log_grad, c_expr="std::log({0})"))
 register(OpRule("square", "pointwise", _unary_any, np.square, _square_grad, c_expr="({0} * {0})"))
 register(OpRule("sqrt", "pointwise", _unary_float("sqrt"), np.sqrt, _sqrt_grad, c_expr="std::sqrt({0})"))
+
+def _gelu_reference(x):
+    from math import erf, sqrt
+    return (0.5 * x * (1 + np.vectorize(erf)(x / sqrt(2.0)))).astype(x.dtype)
+
+
+def _gelu_grad_reference(x, dy):
+    from math import erf, pi, sqrt
+    cdf = 0.5 * (1 + np.vectorize(erf)(x / sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / sqrt(2 * pi)
+    return (dy * (cdf + x * pdf)).astype(x.dtype)
+
+
+# gelu(x) = x * Phi(x), the exact (erf) form OneFlow uses.
+register(OpRule("gelu", "pointwise", _unary_float("gelu"), _gelu_reference, _gelu_grad,
+                c_expr="(({T})0.5 * {0} * (({T})1 + std::erf({0} * ({T})0.70710678118654752)))"))
+register(OpRule("gelu_grad", "pointwise", _same_shape("gelu_grad"), _gelu_grad_reference, None,
+                c_expr="({1} * (({T})0.5 * (({T})1 + std::erf({0} * ({T})0.70710678118654752)) + "
+                       "{0} * std::exp(({T})-0.5 * {0} * {0}) * ({T})0.39894228040143268))",
+                differentiable=False))
+register(OpRule("leaky_relu", "pointwise", _unary_float("leaky_relu"),
+                lambda x, alpha: np.where(x > 0, x, x * x.dtype.type(alpha)), _leaky_relu_grad,
+                c_expr="({0} > ({T})0 ? {0} : {0} * ({T}){alpha})"))
+register(OpRule("leaky_relu_grad", "pointwise", _same_shape("leaky_relu_grad"),
+                lambda x, dy, alpha: np.where(x > 0, dy, dy * dy.dtype.type(alpha)), None,
+                c_expr="({0} > ({T})0 ? {1} : {1} * ({T}){alpha})", differentiable=False))
 
 # relu_grad(y, dy): dy where the relu output is positive.  Written as one op (not
 # multiply by a mask) because it is the hottest backward op and one select is cheap.
