@@ -16,7 +16,7 @@ import flow
 from tests.test_mlp import load_example
 
 demo = load_example("mlp_train_demo")          # -> tp.Numpy: synchronous
-async_demo = load_example("mlp_async_eval")    # its train_job -> tp.Callback[tp.Numpy]
+async_demo = load_example("seeds/async_single_job")   # its train_job -> tp.Callback[tp.Numpy]
 STEPS = 50
 rng = np.random.default_rng(0)
 IMAGES = rng.random((100, 1, 28, 28), dtype=np.float32)

@@ -19,13 +19,6 @@ IMAGES = rng.random((100, 1, 28, 28), dtype=np.float32)
 LABELS = rng.integers(0, 10, 100).astype(np.int32)
 
 
-@pytest.fixture(autouse=True)
-def fresh_session():
-    flow.clear_default_session()
-    yield
-    flow.clear_default_session()
-
-
 @pytest.mark.benchmark(group="lenet-train")
 def test_flowc_lenet_train_step(benchmark):
     seed_train.train_job(IMAGES, LABELS)

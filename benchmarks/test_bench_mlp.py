@@ -27,13 +27,6 @@ IMAGES = rng.random((100, 1, 28, 28), dtype=np.float32)
 LABELS = rng.integers(0, 10, 100).astype(np.int32)
 
 
-@pytest.fixture(autouse=True)
-def fresh_session():
-    flow.clear_default_session()
-    yield
-    flow.clear_default_session()
-
-
 def _warm(job):
     job(IMAGES, LABELS)        # trace + compile (or cache hit) outside the timing
 

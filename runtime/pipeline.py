@@ -30,6 +30,7 @@ class Pipeline:
         self._cond = threading.Condition()
         self._outstanding = 0
         self._errors: deque[BaseException] = deque()
+        self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
         ref = weakref.ref(self)
         self._atexit = lambda: ref() is not None and ref().drain_at_exit()
         atexit.register(self._atexit)
@@ -49,6 +50,8 @@ class Pipeline:
     # -- the actors' work -----------------------------------------------------------------
     def _compute(self, call: Call) -> None:
         try:
+            if self._abandoned:
+                raise KeyboardInterrupt("abandoned at interpreter exit")
             call.outputs = call.job.loaded.compute(call.slot)
         except BaseException as err:      # kept for the caller or the next sync point
             call.error = err
@@ -62,8 +65,10 @@ class Pipeline:
 
     def _run_callback(self, call: Call) -> None:
         try:
-            while not call.decided.wait(timeout=0.1):
+            while not call.decided.wait(timeout=0.1) and not self._abandoned:
                 pass
+            if self._abandoned:
+                return
             if call.error is not None:
                 if not call.delivered:
                     self._errors.append(call.error)
@@ -104,12 +109,19 @@ class Pipeline:
         return errors
 
     def drain_at_exit(self) -> None:
-        # After Ctrl-C ended the program, leave at once: the backlog may take long to drain.
+        # After Ctrl-C ended the program, do not drain the backlog (it may take long): skip the
+        # queued steps and callbacks, but let the step in progress finish, so that no thread is
+        # inside compiled code while the process tears down.
         interrupted = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if isinstance(interrupted, KeyboardInterrupt):
-            if self._outstanding:
-                print(f"flowc: interrupted; {self._outstanding} job call(s) in flight were abandoned",
-                      file=sys.stderr)
+            pending = self._outstanding
+            self._abandoned = True
+            try:
+                self.wait_idle()
+            except KeyboardInterrupt:
+                return
+            if pending:
+                print(f"flowc: interrupted; {pending} job call(s) in flight were abandoned", file=sys.stderr)
             return
         try:
             errors = self.close()

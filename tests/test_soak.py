@@ -8,7 +8,7 @@ import numpy as np
 import flow
 from tests.test_mlp import load_example
 
-async_demo = load_example("mlp_async_eval")
+async_demo = load_example("seeds/async_batch_job")   # eval_job -> tp.Callback[Tuple[...]]
 
 
 def resident_bytes() -> int:
