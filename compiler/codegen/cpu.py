@@ -146,13 +146,13 @@ class CppGenerator:
                 calls.append(f"{k.name}({args});")
         copy_backs = [{"dst": self.pointer_for_variable(var, node), "src": self.pointer(node),
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
+        uses_conv = any(k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv2d")
+                        for k in self.kernels)
         source = _env.get_template("step.cpp.j2").render(
             version=self.version, job=self.graph.name, kernels=kernels, calls=calls, copy_backs=copy_backs,
             profile=self.profile,
-            uses_gemm=any(k.kind == "matmul" or (k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv"))
-                          for k in self.kernels),
-            uses_conv=any(k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv")
-                          for k in self.kernels),
+            uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),   # convs run on the GEMM
+            uses_conv=uses_conv,
             bindings=[_describe_binding(b) for b in self.bindings])
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes),
                              [k.name for k in self.kernels] if self.profile else [])
@@ -288,12 +288,7 @@ class CppGenerator:
         a = self.graph.node(k.anchor)
         ctx = {"name": k.name, "comment": self._comment(k), "T": c_type(a.type.dtype), "op": a.op,
                "parallel_min": PARALLEL_MIN_ELEMENTS}
-        if a.op.startswith("conv2d"):
-            ctx.update(self._conv_context(k, a, params))
-        elif a.op in ("concat", "slice_axis"):
-            ctx.update(self._copy_context(a, params))
-        else:
-            ctx.update(self._pool_context(a, params))
+        ctx.update(getattr(self, WINDOW_CONTEXTS[a.op])(k, a, params))
         return _env.get_template(OPS[a.op].template).render(params=params.declarations(), **ctx), False
 
     def _conv_context(self, k: Kernel, a, params: _Params) -> dict:
@@ -323,7 +318,7 @@ class CppGenerator:
                     P=oh * ow, K=cg * kh * kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=groups,
                     direct=direct, epilogue=epilogue)
 
-    def _copy_context(self, a, params: _Params) -> dict:
+    def _copy_context(self, k: Kernel, a, params: _Params) -> dict:
         axis = a.attr("axis")
         shape = a.type.shape
         outer = int(np.prod(shape[:axis], dtype=np.int64))
@@ -341,7 +336,7 @@ class CppGenerator:
             offset += block
         return dict(outer=outer, out_block=shape[axis] * inner, out=params.use(a.id), parts=parts)
 
-    def _pool_context(self, a, params: _Params) -> dict:
+    def _pool_context(self, k: Kernel, a, params: _Params) -> dict:
         if a.op == "avg_pool2d_grad":
             in_shape = a.attr("input_shape")
         else:
@@ -370,6 +365,15 @@ class CppGenerator:
             rows=rows, cols=cols, loss=loss is not None, grad=grad is not None,
             parallel=logits.type.size >= PARALLEL_MIN_ELEMENTS)
         return text, True   # it reports out-of-range labels
+
+
+# Window ops: which method builds the template context (the template itself is the op row's).
+WINDOW_CONTEXTS = {
+    "conv2d": "_conv_context", "conv2d_grad_input": "_conv_context", "conv2d_grad_filter": "_conv_context",
+    "max_pool2d": "_pool_context", "avg_pool2d": "_pool_context",
+    "max_pool2d_grad": "_pool_context", "avg_pool2d_grad": "_pool_context",
+    "concat": "_copy_context", "slice_axis": "_copy_context",
+}
 
 
 def _key(strides: list[int]) -> tuple:
