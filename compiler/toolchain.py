@@ -54,6 +54,7 @@ INSTALL_GXX_HINT = "install it with `apt-get install g++` (Debian/Ubuntu) or `dn
 # the cache key, so keys do not depend on temporary directory names.
 SRC_PLACEHOLDER = "$SRC"
 OUT_PLACEHOLDER = "$OUT"
+CORE_PLACEHOLDER = "$CORE"
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 
@@ -183,15 +184,22 @@ def include_dir() -> Path:
     return Path(codegen_templates.__file__).resolve().parent / "cpu"
 
 
-def cxx_command(src: Path, out: Path) -> list[str]:
+def cxx_command(src: Path, out: Path, core_include: str | None = None) -> list[str]:
     """Full compiler argv that builds ``src`` into the shared library ``out``.
+
+    Steps are built against flowc's core library (see ``compiler/core_library.py``): the
+    precompiled prelude comes first on the include path; ``core_include`` names its folder
+    (default: the core built for this machine, built now if missing).
 
     Example::
 
         >>> cxx_command(Path("k.cpp"), Path("k.so"))[1:4]   # doctest: +SKIP
         ['-O3', '-march=native', '-fopenmp']
     """
-    return [*find_compiler(), *BASE_FLAGS, f"-I{include_dir()}", str(src), "-o", str(out)]
+    from compiler.core_library import PRELUDE, STEP_DEFINES, ensure_core
+    core = core_include if core_include is not None else str(ensure_core().include_dir)
+    return [*find_compiler(), *BASE_FLAGS, *STEP_DEFINES, f"-I{core}", f"-I{include_dir()}",
+            "-include", PRELUDE, str(src), "-o", str(out)]
 
 
 def key_parts(source: str) -> KeyParts:
@@ -204,7 +212,7 @@ def key_parts(source: str) -> KeyParts:
         >>> cache.explain_miss("job", key_parts(src))   # doctest: +SKIP
         "cache miss for 'job': source changed since the last build"
     """
-    command = shlex.join(cxx_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER)))
+    command = shlex.join(cxx_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), CORE_PLACEHOLDER))
     return _cache.make_key_parts(
         source=source,
         command=command,

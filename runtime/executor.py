@@ -15,6 +15,7 @@ from typing import Sequence
 import cffi
 import numpy as np
 
+from compiler.core_library import load_core
 from compiler.errors import StepError
 from compiler.ir import numpy_dtype
 from compiler.pipeline import CompiledStep
@@ -55,6 +56,7 @@ class LoadedStep:
         self.compiled = compiled
         self.graph = compiled.program.graph
         self.session = session
+        load_core()                     # the GEMM kernel every step library links against
         self.lib = _ffi.dlopen(str(compiled.library))
         self.arena = aligned_empty(max(compiled.program.memory.arena_bytes, ALIGN))
         self._keep: list[np.ndarray] = []          # variables the tables point into

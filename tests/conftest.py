@@ -10,6 +10,8 @@ import pytest
 # FLOWC_TEST_CACHE_DIR lets a developer keep one warm cache across runs.
 os.environ.setdefault("FLOWC_CACHE_DIR", os.environ.get("FLOWC_TEST_CACHE_DIR")
                       or tempfile.mkdtemp(prefix="flowc-test-cache-"))
+# The core library (GEMM kernel, precompiled prelude) too: built once per test run.
+os.environ.setdefault("FLOWC_CORE_DIR", os.path.join(os.environ["FLOWC_CACHE_DIR"], "core"))
 
 
 @pytest.fixture(autouse=True)

@@ -290,7 +290,13 @@ FLOWC_GEMM_NOINLINE void generic_tile(const Problem<T>& pr, const Plan& p, int i
   }
 }
 
-#if FLOWC_GEMM_AVX2
+#if FLOWC_GEMM_AVX2 && defined(FLOWC_CORE_LIBRARY) && !defined(FLOWC_CORE_IMPLEMENTATION)
+// Generated steps are built against flowc's core library (flowc_core.cpp, compiled once per
+// machine and loaded before the step): only the declaration is compiled with each job, which
+// saves most of a job's compile time.
+void f32_tile(const Problem<float>& pr, const Plan& p, int im, int i0, int mb, int j0, int nb,
+              int& packed_im);
+#elif FLOWC_GEMM_AVX2
 // ---------------------------------------------------------------------------------------------
 // float / AVX2 + FMA path.
 // Packed layouts:
@@ -519,7 +525,12 @@ inline void kernel_edge(int kc, const float* a, const float* b, float* c, int ld
 // Computes one tile C[i0:i0+mb, j0:j0+nb] over all of K (see generic_tile for why it is separate).
 // packed_im: row block whose packed A is in buf.a from this thread's previous tile (reusable only
 // when K is a single chunk), or -1.
-FLOWC_GEMM_NOINLINE inline void f32_tile(const Problem<float>& pr, const Plan& p, int im,
+#ifdef FLOWC_CORE_IMPLEMENTATION
+#define FLOWC_CORE_INLINE __attribute__((visibility("default")))
+#else
+#define FLOWC_CORE_INLINE inline
+#endif
+FLOWC_GEMM_NOINLINE FLOWC_CORE_INLINE void f32_tile(const Problem<float>& pr, const Plan& p, int im,
                                                int i0, int mb, int j0, int nb, int& packed_im) {
   PackBuf& buf = pack_buf();
   for (int kk = 0; kk < p.kt; ++kk) {
@@ -601,6 +612,26 @@ void gemm_driver(const Problem<T>& pr, Epilogue& epi) {
   });
 }
 
+// The float driver behind one function pointer per row segment, so that a step built against the
+// core library (FLOWC_CORE_LIBRARY) compiles none of the GEMM: it passes its epilogue as a plain
+// function.  One indirect call per row segment of a tile is nothing next to the tile's K FMAs.
+typedef void (*RowEpilogueFn)(void* ctx, int i, int j0, int n, float* c_row);
+
+template <class Epilogue>
+void call_epilogue(void* ctx, int i, int j0, int n, float* c_row) {
+  (*static_cast<Epilogue*>(ctx))(i, j0, n, c_row);
+}
+
+#if FLOWC_GEMM_AVX2 && defined(FLOWC_CORE_LIBRARY) && !defined(FLOWC_CORE_IMPLEMENTATION)
+void gemm_f32_core(const Problem<float>& pr, RowEpilogueFn epi, void* ctx);
+#elif FLOWC_GEMM_AVX2 && defined(FLOWC_CORE_IMPLEMENTATION)
+__attribute__((visibility("default"))) void gemm_f32_core(const Problem<float>& pr, RowEpilogueFn epi,
+                                                          void* ctx) {
+  auto row = [=](int i, int j0, int n, float* c_row) { epi(ctx, i, j0, n, c_row); };
+  gemm_driver(pr, row);
+}
+#endif
+
 }  // namespace gemm_detail
 
 template <class T, class Epilogue>
@@ -612,7 +643,15 @@ void gemm(int M, int N, int K, const T* A, int lda, bool trans_a, const T* B, in
     return;
   }
   const gemm_detail::Problem<T> pr{M, N, K, A, lda, trans_a, B, ldb, trans_b, C, ldc};
+#if FLOWC_GEMM_AVX2 && defined(FLOWC_CORE_LIBRARY)
+  if constexpr (gemm_detail::is_float<T>::value) {
+    gemm_detail::gemm_f32_core(pr, &gemm_detail::call_epilogue<Epilogue>, &epi);
+  } else {
+    gemm_detail::gemm_driver(pr, epi);
+  }
+#else
   gemm_detail::gemm_driver(pr, epi);
+#endif
 }
 
 }  // namespace flowc

@@ -13,6 +13,17 @@ struct ConvGeometry {
   int64_t C, H, W, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw;
 };
 
+// The output columns [lo, hi) whose input column ow*sw - pl + j*dw lies inside [0, W): outside
+// them a column reads padding.  Computing the range once per kernel tap keeps the inner loops
+// free of bounds tests, so they vectorise (and become a memcpy when the stride is 1).
+inline void valid_columns(const ConvGeometry& g, int64_t j, int64_t& lo, int64_t& hi) {
+  const int64_t shift = j * g.dw - g.pl;          // iw = ow * sw + shift
+  lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
+  hi = g.W - shift <= 0 ? 0 : (g.W - shift + g.sw - 1) / g.sw;
+  if (hi > g.OW) hi = g.OW;
+  if (lo > hi) lo = hi;
+}
+
 template <class T>
 inline void im2col(const ConvGeometry& g, const T* x, T* col) {
   const int64_t P = g.OH * g.OW;
@@ -21,6 +32,9 @@ inline void im2col(const ConvGeometry& g, const T* x, T* col) {
       for (int64_t j = 0; j < g.KW; ++j) {
         T* row = col + ((c * g.KH + i) * g.KW + j) * P;
         const T* plane = x + c * g.H * g.W;
+        int64_t lo, hi;
+        valid_columns(g, j, lo, hi);
+        const int64_t shift = j * g.dw - g.pl;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
           const int64_t ih = oh * g.sh - g.pt + i * g.dh;
           T* out = row + oh * g.OW;
@@ -28,11 +42,14 @@ inline void im2col(const ConvGeometry& g, const T* x, T* col) {
             std::memset(out, 0, sizeof(T) * g.OW);
             continue;
           }
-          const T* in = plane + ih * g.W;
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t iw = ow * g.sw - g.pl + j * g.dw;
-            out[ow] = (iw >= 0 && iw < g.W) ? in[iw] : T(0);
+          const T* in = plane + ih * g.W + shift;
+          for (int64_t ow = 0; ow < lo; ++ow) out[ow] = T(0);
+          if (g.sw == 1) {
+            std::memcpy(out + lo, in + lo, sizeof(T) * (hi - lo));
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow] = in[ow * g.sw];
           }
+          for (int64_t ow = hi; ow < g.OW; ++ow) out[ow] = T(0);
         }
       }
 }
@@ -46,14 +63,18 @@ inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {
       for (int64_t j = 0; j < g.KW; ++j) {
         const T* row = col + ((c * g.KH + i) * g.KW + j) * P;
         T* plane = x + c * g.H * g.W;
+        int64_t lo, hi;
+        valid_columns(g, j, lo, hi);
+        const int64_t shift = j * g.dw - g.pl;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
           const int64_t ih = oh * g.sh - g.pt + i * g.dh;
           if (ih < 0 || ih >= g.H) continue;
-          T* out = plane + ih * g.W;
-          const T* in = row + oh * g.OW;
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t iw = ow * g.sw - g.pl + j * g.dw;
-            if (iw >= 0 && iw < g.W) out[iw] += in[ow];
+          T* __restrict out = plane + ih * g.W + shift;
+          const T* __restrict in = row + oh * g.OW;
+          if (g.sw == 1) {
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow] += in[ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.sw] += in[ow];
           }
         }
       }
