@@ -28,12 +28,14 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
                     session, config) -> TracedJob:
     from runtime.signature import flatten_result
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
+    code = fn.__code__
+    signature_line = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"   # placeholders live there
     with tracing(ctx):
-        args = [emit("input", [], {"index": i, "shape": p.shape, "dtype": p.dtype}, name=p.name)
-                for i, p in enumerate(placeholders)]
+        args = [emit("input", [], {"index": i, "shape": p.shape, "dtype": p.dtype}, name=p.name,
+                     loc=signature_line) for i, p in enumerate(placeholders)]
         ctx.placeholders = [a.id for a in args]
         result = fn(*args)
-    where = f"job function {name!r} ({fn.__code__.co_filename.rsplit('/', 1)[-1]}:{fn.__code__.co_firstlineno})"
+    where = f"job function {name!r} ({signature_line})"
     flat, layout = flatten_result(result_spec, result, where)
     optimizer, loss = _training_target(ctx, config, where)
     graph = Graph(name, list(ctx.builder.nodes), [b.id for b in flat], {},

@@ -12,6 +12,10 @@ Layout under the cache root::
     <root>/<key[:2]>/<key>/kernel.cpp    the generated source, kept for reading
     <root>/<key[:2]>/<key>/kernel.so     the compiled library
     <root>/<key[:2]>/<key>/meta.json     key parts, sha256 and size of the .so, timings
+
+A CUDA entry holds ``kernel.cu`` and ``kernel.cubin`` instead (``CUDA_FILES``);
+meta.json names an entry's two files, so both kinds share one root, one
+``info``/``list``/``clear`` and one locking scheme.
     <root>/index/<name>.json             key parts of the last build of each name
     <root>/locks/<key>.lock              one flock file per key
     <root>/tmp/                          build directories before they are renamed in
@@ -71,6 +75,9 @@ CACHE_FORMAT = 1
 SOURCE_FILE = "kernel.cpp"
 LIBRARY_FILE = "kernel.so"
 META_FILE = "meta.json"
+# (source, artifact) file names of an entry: the default is the CPU pair above.
+CPU_FILES = (SOURCE_FILE, LIBRARY_FILE)
+CUDA_FILES = ("kernel.cu", "kernel.cubin")
 
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
 
@@ -245,22 +252,31 @@ class CacheEntry:
     path: Path
     size: int
     age: float
+    files: tuple[str, str] = CPU_FILES     # (source, artifact) names, from meta.json
 
     @property
     def library(self) -> Path:
-        """Path of the compiled shared library."""
-        return self.path / LIBRARY_FILE
+        """Path of the compiled artifact (``kernel.so``, or ``kernel.cubin`` for CUDA)."""
+        return self.path / self.files[1]
 
     @property
     def source(self) -> Path:
-        """Path of the generated source the library was compiled from."""
-        return self.path / SOURCE_FILE
+        """Path of the generated source the artifact was compiled from."""
+        return self.path / self.files[0]
 
 
 def _safe_name(name: str) -> str:
     # Names come from user job functions; keep them usable as file names.
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "kernel"
     return cleaned[:100]
+
+
+def _entry_files(meta: dict) -> tuple[str, str]:
+    """The (source, artifact) file names meta.json records; the CPU pair when it records none."""
+    files = meta.get("files")
+    if isinstance(files, list) and len(files) == 2 and all(isinstance(f, str) and "/" not in f for f in files):
+        return files[0], files[1]
+    return CPU_FILES
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -362,26 +378,28 @@ class KernelCache:
         meta = self._read_meta(key)
         if meta is None:
             return "corrupt: meta.json missing or unparsable", None
-        so = d / LIBRARY_FILE
+        files = _entry_files(meta)
+        source_file, library_file = files
+        so = d / library_file
         try:
             st = so.stat()
         except OSError:
-            return "corrupt: kernel.so missing", None
-        if not (d / SOURCE_FILE).is_file():
-            return "corrupt: kernel.cpp missing", None
+            return f"corrupt: {library_file} missing", None
+        if not (d / source_file).is_file():
+            return f"corrupt: {source_file} missing", None
         if meta.get("key") != key:
             return "corrupt: meta.json belongs to another key", None
         if st.st_size != meta.get("so_size"):
-            return f"corrupt: kernel.so is {st.st_size} bytes, meta.json says {meta.get('so_size')}", None
+            return f"corrupt: {library_file} is {st.st_size} bytes, meta.json says {meta.get('so_size')}", None
         sig = (st.st_size, st.st_mtime_ns, st.st_ino)
         if self._verified.get(key) != sig:
             if _sha256_file(so) != meta.get("so_sha256"):
-                return "corrupt: kernel.so sha256 does not match meta.json", None
+                return f"corrupt: {library_file} sha256 does not match meta.json", None
             self._verified[key] = sig
         size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
         created = float(meta.get("created", st.st_mtime))
         entry = CacheEntry(key=key, name=str(meta.get("name", "")), path=d, size=size,
-                           age=max(0.0, time.time() - created))
+                           age=max(0.0, time.time() - created), files=files)
         return "ok", entry
 
     def lookup(self, key: str) -> CacheEntry | None:
@@ -433,13 +451,15 @@ class KernelCache:
         build: Callable[[Path], None],
         *,
         source: str | None = None,
+        files: tuple[str, str] = CPU_FILES,
     ) -> tuple[CacheEntry, bool]:
         """Return ``(entry, compiled)`` for ``parts``, building it if needed.
 
-        ``build(tmpdir)`` must leave ``kernel.cpp`` and ``kernel.so`` in
-        ``tmpdir``; if it raises, the temporary directory is removed and the
-        exception propagates.  When ``source`` is given and ``build`` did not
-        write ``kernel.cpp``, it is written for it.
+        ``build(tmpdir)`` must leave the two ``files`` (source, artifact;
+        ``kernel.cpp`` and ``kernel.so`` unless told otherwise, e.g.
+        ``CUDA_FILES``) in ``tmpdir``; if it raises, the temporary directory is
+        removed and the exception propagates.  When ``source`` is given and
+        ``build`` did not write the source file, it is written for it.
 
         Example::
 
@@ -464,7 +484,7 @@ class KernelCache:
             if status != "missing":
                 self._remove_entry(key)
             self.misses += 1
-            entry = self._build_locked(key, parts, name, build, source)
+            entry = self._build_locked(key, parts, name, build, source, files)
         self.compilations += 1
         self._record_index(name, key, parts)
         return entry, True
@@ -476,6 +496,7 @@ class KernelCache:
         name: str,
         build: Callable[[Path], None],
         source: str | None,
+        files: tuple[str, str] = CPU_FILES,
     ) -> CacheEntry:
         # The temp dir is inside the root so the final os.rename stays on one
         # filesystem and is atomic.
@@ -484,11 +505,12 @@ class KernelCache:
             t0 = time.perf_counter()
             build(tmp)
             seconds = time.perf_counter() - t0
-            if source is not None and not (tmp / SOURCE_FILE).exists():
-                (tmp / SOURCE_FILE).write_text(source)
-            so = tmp / LIBRARY_FILE
+            source_file, library_file = files
+            if source is not None and not (tmp / source_file).exists():
+                (tmp / source_file).write_text(source)
+            so = tmp / library_file
             if not so.is_file():
-                raise CacheError(f"build callback for {name!r} did not produce {LIBRARY_FILE}")
+                raise CacheError(f"build callback for {name!r} did not produce {library_file}")
             meta = {
                 "format": CACHE_FORMAT,
                 "key": key,
@@ -499,6 +521,8 @@ class KernelCache:
                 "created": time.time(),
                 "compile_seconds": round(seconds, 6),
             }
+            if files != CPU_FILES:      # old entries have no names: they are the CPU pair
+                meta["files"] = list(files)
             _write_json_atomic(tmp / META_FILE, meta)
             final = self.entry_dir(key)
             final.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from compiler.codegen.cpu import CppGenerator, GeneratedStep
 from compiler.ir import Graph
-from compiler.passes import canonicalize, fusion, memory, simplify
+from compiler.passes import canonicalize, fusion, memory, placement, simplify
 from compiler.passes.fusion import FusionLog, Kernel
 from compiler.passes.memory import MemoryPlan
 
@@ -87,6 +87,7 @@ def _plan_memory(p: Program) -> Program:
 # The pass list, in order.  Names are what `flowc show --after NAME` accepts.
 PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("simplify", _graph_pass(simplify.simplify)),
+    ("place_devices", _graph_pass(placement.insert_device_copies)),   # no-op unless a node is on "gpu"
     ("split_reductions", _graph_pass(canonicalize.split_reductions)),
     ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
     ("simplify_again", _graph_pass(simplify.simplify)),
@@ -98,13 +99,25 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
 ]
 
 
-def _summary(before: Program, after: Program) -> str:
+def _summary(before: Program, after: Program, fused_before: int, refused_before: int) -> str:
+    """What a pass changed: node counts, ops that appeared or vanished, fusion decisions, kernels."""
     parts = [f"{len(before.graph.nodes)} -> {len(after.graph.nodes)} nodes"]
-    if after.kernels is not None:
+    counts: dict[str, int] = {}
+    for n in before.graph.nodes:
+        counts[n.op] = counts.get(n.op, 0) - 1
+    for n in after.graph.nodes:
+        counts[n.op] = counts.get(n.op, 0) + 1
+    changed = [f"{d:+d} {op}" for op, d in sorted(counts.items(), key=lambda kv: (kv[1], kv[0])) if d]
+    if changed:
+        parts.append(" ".join(changed[:6]) + (" ..." if len(changed) > 6 else ""))
+    fused, refused = len(after.log.fused) - fused_before, len(after.log.refused) - refused_before
+    if fused or refused:
+        parts.append(f"{fused} fused, {refused} refused")
+    if after.kernels is not None and (before.kernels is None or len(before.kernels) != len(after.kernels)):
         parts.append(f"{len(after.kernels)} kernels")
     if after.memory is not None:
         parts.append(f"arena {after.memory.arena_bytes} B")
-    return ", ".join(parts)
+    return ", ".join(parts) if len(parts) > 1 else parts[0] + ", no change"
 
 
 def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
@@ -112,11 +125,13 @@ def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
     program = Program(graph)
     graph.verify()
     for name, run in PASSES:
+        fused, refused = len(program.log.fused), len(program.log.refused)
         start = time.perf_counter()
         after = run(program)
         after.graph.verify()
         if records is not None:
-            records.append(PassRecord(name, time.perf_counter() - start, _summary(program, after), after.format()))
+            records.append(PassRecord(name, time.perf_counter() - start,
+                                      _summary(program, after, fused, refused), after.format()))
         program = after
     return program
 
@@ -136,34 +151,76 @@ class CompiledStep:
     compiled: bool            # False when the cache had it
     timings: dict[str, float]
     passes: list[PassRecord]
+    device: str = "cpu"       # "gpu": `library` is a cubin, `generated` a GeneratedCudaStep
+    arch: str | None = None   # the GPU arch the cubin is for ("sm_90")
 
 
-def compile_graph(graph: Graph) -> CompiledStep:
-    """Lower, generate and build `graph`'s step (through the compile cache)."""
-    from compiler.toolchain import build_shared_library
-    timings: dict[str, float] = {}
+def compile_graph(graph: Graph, device: str = "cpu", arch: str | None = None) -> CompiledStep:
+    """Lower, generate and build `graph`'s step (through the compile cache).
+
+    `device="gpu"` renders CUDA and builds a cubin for `arch` ("sm_90"; None: the current
+    device's), which needs nvcc but no GPU.
+    """
     records: list[PassRecord] = []
     start = time.perf_counter()
     program = lower(graph, records)
-    timings["passes"] = time.perf_counter() - start
+    step, _ = build_lowered(program, records, {"passes": time.perf_counter() - start}, device, arch)
+    return step
+
+
+def build_lowered(program: Program, records: list[PassRecord], timings: dict[str, float],
+                  device: str = "cpu", arch: str | None = None) -> tuple[CompiledStep, str | None]:
+    """Generate and build a lowered program: the step, and why the cache missed (None on a hit)."""
+    from compiler.toolchain import build_shared_library
+    if device == "gpu":
+        return _build_lowered_gpu(program, records, timings, arch)
+    if device != "cpu":
+        raise ValueError(f"device {device!r}: flowc generates code for 'cpu' or 'gpu'")
     start = time.perf_counter()
     generated = generate(program, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
-    built = build_shared_library(generated.source, name=graph.name)
+    built = build_shared_library(generated.source, name=program.graph.name)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records)
     if os.environ.get("FLOWC_DEBUG"):
         _write_debug_dump(step)
-    return step
+    return step, built.miss_reason
+
+
+def _build_lowered_gpu(program: Program, records: list[PassRecord], timings: dict[str, float],
+                       arch: str | None) -> tuple[CompiledStep, str | None]:
+    """The CUDA branch of `build_lowered`: one .cu per job and its cubin for `arch`.
+
+    FLOWC_TF32=1 runs float32 GEMMs and convolutions on TF32 tensor cores (sm_80+);
+    FLOWC_PROFILE=1 makes the runtime time every launch.
+    """
+    from compiler.cache import package_version
+    from compiler.codegen.cuda import CudaGenerator
+    from compiler.cuda_toolchain import build_cubin, device_arch, normalize_arch
+    arch = normalize_arch(arch) if arch is not None else device_arch()
+    start = time.perf_counter()
+    generated = CudaGenerator(program.graph, program.kernels, program.memory, package_version(),
+                              profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"),
+                              tf32=os.environ.get("FLOWC_TF32", "") not in ("", "0"), arch=arch).render()
+    timings["codegen"] = time.perf_counter() - start
+    start = time.perf_counter()
+    built = build_cubin(generated.source, program.graph.name, arch)
+    timings["compile"] = time.perf_counter() - start
+    step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
+                        device="gpu", arch=arch)
+    if os.environ.get("FLOWC_DEBUG"):
+        _write_debug_dump(step)
+    return step, built.miss_reason
 
 
 def _write_debug_dump(step: CompiledStep) -> None:
     folder = Path(tempfile.mkdtemp(prefix=f"flowc-{step.program.graph.name}-"))
     for i, rec in enumerate(step.passes):
         (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")
-    (folder / "step.cpp").write_text(step.generated.source)
+    source_name = "step.cu" if step.device == "gpu" else "step.cpp"
+    (folder / source_name).write_text(step.generated.source)
     (folder / "memory_plan.txt").write_text(step.program.memory.format(step.program.graph, step.program.kernels))
     state = "compiled" if step.compiled else "from cache"
-    print(f"flowc: job {step.program.graph.name!r} ({state}): IR after each pass, step.cpp and the memory plan "
-          f"in {folder}; the library is {step.library} (source {step.source_path})", file=sys.stderr)
+    print(f"flowc: job {step.program.graph.name!r} ({state}): IR after each pass, {source_name} and the memory "
+          f"plan in {folder}; the library is {step.library} (source {step.source_path})", file=sys.stderr)

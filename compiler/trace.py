@@ -84,17 +84,18 @@ def current(what: str = "this op") -> TraceContext:
 
 
 def emit(op: str, inputs: list["Blob"] | tuple = (), attrs: dict | None = None, *,
-         name: str = "", api: str | None = None) -> "Blob":
+         name: str = "", api: str | None = None, loc: str | None = None) -> "Blob":
     """Append one node to the current job's graph and return its Blob.
 
-    `api` is the user-facing op name used in error messages (e.g. `flow.matmul`).
+    `api` is the user-facing op name used in error messages (e.g. `flow.matmul`); `loc` overrides
+    the user's source line found on the stack.
     """
     ctx = current(api or op)
     for b in inputs:
         if b.ctx is not ctx:
             raise TraceError(f"{user_location()}: {api or op}: a Blob of job {b.ctx.job_name!r} "
                              f"was used while tracing job {ctx.job_name!r}")
-    loc = user_location()
+    loc = loc or user_location()
     try:
         node_id = ctx.builder.add(op, [b.id for b in inputs], attrs or {}, loc=loc, name=name,
                                   device=ctx.device)

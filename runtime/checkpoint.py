@@ -42,6 +42,7 @@ import numpy as np
 
 from compiler.errors import FlowError
 from compiler.ir import TensorType, numpy_dtype
+from runtime.devices import sync_to_device
 
 SNAPSHOT_DONE = "snapshot_done"
 TRAIN_STEP_PREFIX = "System-Train-TrainStep-"
@@ -360,6 +361,7 @@ def assign(session, values: dict[str, Any], steps: dict[str, int]) -> None:
         else:
             np.copyto(slot.value, value, casting="same_kind")   # compiled steps point into it
     session.train_steps.update(steps)
+    sync_to_device(session)                        # GPU jobs read their device copies
 
 
 def _train_step(value: Any, name: str, where: str) -> int:
@@ -402,6 +404,7 @@ def init(session) -> None:
     session.pending_values.clear()
     session.initialize_all(force=True)
     session.train_steps.clear()
+    sync_to_device(session)
 
 
 class VariableValue:

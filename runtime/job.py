@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+import compiler
+import runtime
 from compiler.errors import JobCallError
 from compiler.ir import dtype_name, numpy_dtype
 from runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
@@ -86,7 +91,10 @@ class JobFunction:
         self.result_spec, self.asynchronous = result_spec_of(fn)
         self.old_api = self.result_spec.kind == "auto"
         self._session = None
-        self._traced = None
+        self._traced = None         # the TracedJob, once traced (in self._session)
+        self._trace_seconds = 0.0
+        self._compiled = None       # the CompiledStep, once built
+        self._device = "cpu"        # where the traced job runs: "cpu" or "gpu"
         self.loaded = None          # the LoadedStep, once traced and compiled
         self.register = None        # its slots in flight
         functools.update_wrapper(self, fn)
@@ -96,30 +104,82 @@ class JobFunction:
         session = default_session()
         if self.loaded is not None and self._session is session:
             return self.loaded
-        from compiler.build import build_job_graph
-        from compiler.pipeline import compile_graph
-        from runtime.executor import LoadedStep
-        self._traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
-                                       self.result_spec, session, self.config)
-        _check_devices(self._traced.graph)
-        compiled = compile_graph(self._traced.graph)
-        self.loaded = LoadedStep(compiled, session, self.config.depth)
+        if self._compiled is None or self._session is not session:
+            self.compile()
+        from runtime.devices import load_step
+        self.loaded = load_step(self._compiled, session, self.config.depth)
         self.register = Register(self.loaded.slots)
-        self._session = session
-        session.jobs.append(self)
+        if self not in session.jobs:
+            session.jobs.append(self)
         return self.loaded
+
+    def _trace(self):
+        """The traced job in the default session (traced again when the session changed)."""
+        session = default_session()
+        if self._traced is None or self._session is not session:
+            from compiler.build import build_job_graph
+            self.release()
+            start = time.perf_counter()
+            self._traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
+                                           self.result_spec, session, self.config)
+            self._trace_seconds = time.perf_counter() - start
+            self._session = session
+            self._device = _choose_device(self._traced.graph)
+        return self._traced
+
+    def lower(self, device: str | None = None):
+        """Trace the job (if not yet) and run every compiler pass: a `compiler.stages.Lowered`.
+
+        `device` ("cpu" or "gpu") overrides where the job's placement and this machine would run it.
+
+        Example:
+            lowered = train_job.lower()
+            print(lowered.as_text(after="fuse_epilogues"))
+            print(lowered.passes_text())
+        """
+        from compiler.pipeline import lower
+        from compiler.stages import Lowered
+        if device not in (None, "cpu", "gpu"):
+            raise ValueError(f"job {self.name!r}: device must be 'cpu' or 'gpu', got {device!r}")
+        traced = self._trace()
+        records: list = []
+        start = time.perf_counter()
+        program = lower(traced.graph, records)
+        timings = {"trace": self._trace_seconds, "passes": time.perf_counter() - start}
+        return Lowered(program, records, timings, device=device or self._device, on_compiled=self._adopt)
+
+    def compile(self):
+        """Lower and build the job now, so its first call compiles nothing: a `compiler.stages.Compiled`.
+
+        Example:
+            compiled = train_job.compile()
+            print(compiled.source())                    # the generated C++
+            print(compiled.memory_plan().peak_bytes)
+        """
+        return self.lower().compile()
+
+    def _adopt(self, step) -> None:
+        """Take a step built by `Lowered.compile()`: the next call loads it instead of compiling.
+        A step built for another device (e.g. `lower(device="gpu")` on a machine without one, ahead
+        of time) is only an artifact in the cache: the job keeps compiling for where it runs."""
+        if step.device != self._device:
+            return
+        if self.loaded is not None and self.loaded.compiled is not step:
+            self.loaded = None          # a loaded step keeps running until the job is compiled anew
+            self.register = None
+        self._compiled = step
 
     def release(self) -> None:
         self.loaded = None
         self.register = None
         self._traced = None
+        self._compiled = None
         self._session = None
 
     @property
     def graph(self):
         """The traced graph (forward, backward, update); traces the job if needed."""
-        self._ensure_ready()
-        return self._traced.graph
+        return self._trace().graph
 
     def profile(self) -> str:
         """A table of time per kernel over the steps run so far (needs FLOWC_PROFILE=1 at compile time).
@@ -231,17 +291,25 @@ def _runtime_scalars(traced, step: int) -> dict[str, float]:
     return {name: values[name.split(":")[0]] for name in traced.graph.scalars}
 
 
-def _check_devices(graph) -> None:
+def _choose_device(graph) -> str:
+    """Where the job runs: its placement if this machine can, else the CPU with one warning per process
+    (an error under FLOWC_STRICT_DEVICE=1)."""
     global _warned_gpu
-    if not any(n.type.device == "gpu" for n in graph.nodes):
-        return
-    why = ("job {!r} is placed on \"gpu\", but this flowc has no CUDA backend yet; it runs on the CPU"
-           .format(graph.name))
-    if os.environ.get("FLOWC_STRICT_DEVICE") == "1":
-        raise RuntimeError(why + " (FLOWC_STRICT_DEVICE=1 makes this an error)")
-    if not _warned_gpu:
-        warnings.warn(why, RuntimeWarning, stacklevel=4)
+    from runtime.devices import job_device
+    device, why = job_device(graph)
+    if why and not _warned_gpu:
+        warnings.warn(why, RuntimeWarning, stacklevel=_user_stacklevel())
         _warned_gpu = True
+    return device
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside flowc's own packages, so a warning names the user's line."""
+    ours = tuple(str(Path(m.__file__).resolve().parent) for m in (compiler, runtime))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def global_function(type: str = "predict", function_config: FunctionConfig | None = None):

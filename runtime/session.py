@@ -88,8 +88,12 @@ class Session:
         return self._pipeline
 
     def sync(self) -> None:
+        """Wait for every call in flight; then the host arrays hold the variables' current values
+        (GPU jobs keep theirs on the device: they are copied back here)."""
         if self._pipeline is not None:
             self._pipeline.sync()
+        from runtime.devices import sync_to_host
+        sync_to_host(self)
 
     def close(self) -> None:
         """Drain the pipeline, stop its threads, forget the jobs."""

@@ -7,6 +7,7 @@ means adding a row, not editing switches across files:
 * `reference` NumPy implementation, used by the reference executor (the test oracle)
 * `gradient`  the vector-Jacobian product, written in other ops through a `GradEmitter`
 * `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row | window
+              (views -- reshape, device_copy -- share their input's buffer)
 * `c_expr`    pointwise ops: a C++ expression over `{0}`, `{1}`, ..., `{T}`, the attributes by
               name and `i` (the element's linear index);
               reductions: how the accumulator `{0}` combines with an element `{1}`
@@ -60,4 +61,4 @@ def register(rule: OpRule) -> OpRule:
 
 
 # Importing the modules fills the table.
-from compiler.ops import sources, pointwise, reductions, linalg, nn, conv, arrays  # noqa: E402,F401
+from compiler.ops import sources, pointwise, reductions, linalg, nn, conv, arrays, devices  # noqa: E402,F401

@@ -1,0 +1,66 @@
+// flowc_cuda.h -- helpers every generated CUDA translation unit includes.
+//
+// The op table's C++ expressions (compiler/ops/*.py, `c_expr`) are shared with the CPU backend:
+// they call std::exp, std::numeric_limits<T>::lowest() (built with --expt-relaxed-constexpr)
+// and flowc::dropout_keep, which is defined here for the device with the same bits as
+// codegen_templates/cpu/flowc_runtime.h.
+#pragma once
+#include <cstdint>
+#include <cmath>
+#include <limits>
+
+#define FLOWC_RESTRICT __restrict__
+
+namespace flowc {
+
+// Dropout's keep decision for element i of step `step`: splitmix64's finalizer over seed, step
+// and index, exactly as on the CPU (and in the NumPy reference), so a mask is the same on
+// every device.
+__device__ __forceinline__ bool dropout_keep(uint64_t seed, uint64_t step, uint64_t i, uint32_t threshold) {
+  uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ULL) ^ (i * 0xBF58476D1CE4E5B9ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return (uint32_t)(z >> 32) >= threshold;
+}
+
+// __shfl_xor_sync has no overloads for 8/16-bit types: shuffle those as int.
+template <class T>
+__device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
+  if constexpr (sizeof(T) < 4) {
+    return (T)__shfl_xor_sync(0xffffffffu, (int)v, lane_mask);
+  } else {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+  }
+}
+
+// Butterfly reduction over the 32 lanes of a full warp; every lane gets the result.
+template <class T, class Combine>
+__device__ __forceinline__ T warp_reduce(T v, Combine combine) {
+  for (int mask = 16; mask > 0; mask >>= 1) v = combine(v, shfl_xor(v, mask));
+  return v;
+}
+
+// Reduction over a block whose size is a multiple of 32 (at most 1024); the result is valid in
+// thread 0.  `identity` fills the lanes of warp 0 that have no partial.  Every thread of the
+// block must call it (it synchronizes), and it may be called again right away.
+template <class T, class Combine>
+__device__ __forceinline__ T block_reduce(T v, T identity, Combine combine) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_reduce(v, combine);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < (int)(blockDim.x >> 5) ? partial[lane] : identity;
+    v = warp_reduce(v, combine);
+  }
+  __syncthreads();   // partial[] is free again for the next call
+  return v;
+}
+
+// A grid-stride loop's start and step.
+__device__ __forceinline__ int64_t global_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
+
+}  // namespace flowc

@@ -1,0 +1,97 @@
+"""Finding a user's jobs: import their module without running its `__main__` block.
+
+`flowc compile train.py` must not start the training loop, so the module is
+imported under its own name (as `import train` would), with its folder first on
+`sys.path` so the imports beside it resolve.  Every way this can go wrong is a
+`CliError` with exit code 2 and one line saying what to fix.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+
+class CliError(Exception):
+    """A failure the user fixes: printed as one line (plus `details`), exit code `code`."""
+
+    def __init__(self, message: str, code: int = 2, details: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """`MODULE.py` or `MODULE.py:JOB` as typed on the command line."""
+    module: str
+    job: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> "JobRef":
+        module, _, job = text.partition(":")
+        return cls(module, job or None)
+
+
+def load_module(path_text: str) -> ModuleType:
+    """Import the file `path_text` as a module whose `__name__` is its stem (not "__main__")."""
+    path = Path(path_text)
+    if path.suffix != ".py":
+        raise CliError(f"{path_text}: expected a Python file (MODULE.py)")
+    if not path.is_file():
+        raise CliError(f"no such module file: {path_text}")
+    path = path.resolve()
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        where = f"{e.filename}:{e.lineno}" if e.lineno else str(path)
+        code = f": {e.text.strip()}" if e.text else ""
+        raise CliError(f"syntax error in {where}: {e.msg}{code}") from None
+    except BaseException as e:       # SystemExit and KeyboardInterrupt from the module are errors too
+        sys.modules.pop(name, None)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise CliError(f"importing {path_text} raised {type(e).__name__}: {e}",
+                       details=_user_traceback(e, path)) from None
+    return module
+
+
+def _user_traceback(error: BaseException, path: Path) -> str:
+    """The traceback from the user's module down, without flowc's import machinery above it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    start = next((i for i, f in enumerate(frames) if Path(f.filename).resolve() == path), 0)
+    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])
+    return "".join(lines + traceback.format_exception_only(type(error), error)).rstrip()
+
+
+def find_jobs(module: ModuleType, names: list[str] | None = None) -> list:
+    """The module's `@flow.global_function` jobs (all, or those named), in definition order."""
+    from runtime.job import JobFunction
+    jobs = {}
+    for value in vars(module).values():
+        if isinstance(value, JobFunction) and value.name not in jobs:
+            jobs[value.name] = value
+    if not jobs:
+        raise CliError(f"no @flow.global_function found in {module.__file__}")
+    if not names:
+        return list(jobs.values())
+    unknown = [n for n in names if n not in jobs]
+    if unknown:
+        raise CliError(f"{Path(module.__file__).name} has no job {unknown[0]!r}; its jobs are: {', '.join(jobs)}")
+    return [jobs[n] for n in names]
+
+
+def jobs_of(ref_text: str, extra_names: list[str] | None = None) -> list:
+    """The jobs a `MODULE.py[:JOB]` argument (plus `--job` names) selects."""
+    ref = JobRef.parse(ref_text)
+    names = ([ref.job] if ref.job else []) + list(extra_names or [])
+    return find_jobs(load_module(ref.module), names)

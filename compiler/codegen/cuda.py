@@ -1,0 +1,412 @@
+"""CUDA for NVIDIA GPUs: the CPU backend's kernels, rendered through codegen_templates/cuda/*.cu.j2.
+
+`CudaGenerator` consumes the same `Program` as `CppGenerator` (the graph, the kernels of the
+fusion passes, the memory plan) and subclasses it: what a kernel computes (the fused pointwise
+statements, the epilogues, the convolution and pooling geometry) comes from the CPU generator's
+helpers unchanged, so both backends implement one semantics.  What differs is how a kernel is
+laid out on the GPU, one method per kernel kind (the tables at the end of this file), and that
+a step is not one exported function but a translation unit of `extern "C" __global__` kernels
+plus a launch list the runtime replays in order on the job's stream:
+
+    gen = CudaGenerator(program.graph, program.kernels, program.memory, version)
+    step = gen.render()
+    step.source      # one .cu file
+    step.launches    # [Launch(kernel, grid, block, shared_bytes, args)], args as bindings
+
+Every kernel parameter is a pointer; sizes and strides are literals in the source.  A launch
+argument names the buffer: ("arena", byte offset), ("input", i), ("variable", name),
+("scalar", name), ("scratch", byte offset) or ("status",), the int the kernels that check
+their data (labels out of range) raise with atomicMax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+import codegen_templates
+from compiler.codegen.cpu import CppGenerator, _coalesce, _describe_binding, _key, _Params, _term
+from compiler.cuda_toolchain import arch_number
+from compiler.ir import Graph, c_type
+from compiler.ops import OPS
+from compiler.passes.fusion import Kernel
+from compiler.passes.memory import MemoryPlan
+
+TEMPLATE_DIR = Path(codegen_templates.__file__).parent / "cuda"
+BLOCK = 256                # threads of the elementwise and row kernels
+ROWS_PER_BLOCK = BLOCK // 32   # row kernels give each row one warp
+MAX_GRID = 65535           # grid-stride loops cover the rest; also the y/z limit
+GEMM_TILE = 64             # flowc::kGemmBM == kGemmBN in flowc_cuda_gemm.h
+GEMM_THREADS, TF32_THREADS = 256, 128
+SPLIT_CHUNK = 2048         # filter gradient: reduction elements per split (see _conv2d_grad_filter)
+MAX_SPLITS = 64
+INT32_SAFE = 1 << 30       # index ranges below this use 32-bit arithmetic (with room for grid-stride overshoot)
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
+                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
+
+
+class CudaCodegenError(ValueError):
+    """A kernel cannot be laid out on the GPU (e.g. a dimension beyond CUDA's grid limits)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a step: grid and block in CUDA's (x, y, z) order, one binding per parameter."""
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[tuple, ...]
+
+
+@dataclass(frozen=True)
+class DeviceCopy:
+    """A device-to-device copy after the last launch (a variable updated by copy, not in place)."""
+    dst: tuple
+    src: tuple
+    nbytes: int
+
+
+@dataclass
+class GeneratedCudaStep:
+    source: str
+    launches: list[Launch]
+    copies: list[DeviceCopy]
+    bindings: list[tuple]            # ("arena",) then every other buffer the launches use, first use first
+    error_nodes: dict[int, int]      # status code -> node id
+    profiled_kernels: list[str]      # launch names, in order, when built to be profiled
+    scratch_bytes: int = 0           # one scratch buffer per job, shared by the kernels (they run in order)
+    templates: list[str] = field(default_factory=list)   # the template of each kernel, in kernel order
+    tensor_cores: bool = False       # GEMMs on TF32 tensor cores
+
+
+class _CudaParams(_Params):
+    """A kernel's pointer parameters; the launch gets their bindings instead of C expressions."""
+
+    def arguments(self) -> list[tuple]:          # type: ignore[override]
+        return [self.gen.binding(n) for n in self.order]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _grid_1d(total: int, block: int = BLOCK) -> tuple[int, int, int]:
+    return (max(1, min(_ceil_div(total, block), MAX_GRID)), 1, 1)
+
+
+def _pow2_block(n: int) -> int:
+    b = 32
+    while b < n and b < BLOCK:
+        b *= 2
+    return b
+
+
+class CudaGenerator(CppGenerator):
+    """Renders a lowered program as one CUDA translation unit and its launch list.
+
+    `tf32=True` runs float32 GEMMs and convolutions on tensor cores (TF32 inputs, FP32
+    accumulation) where `arch` has them (sm_80 and newer); the default is exact FP32.
+    """
+
+    def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
+                 profile: bool = False, tf32: bool = False, arch: str = "sm_80") -> None:
+        super().__init__(graph, kernels, memory, version, profile)
+        self.arch = arch
+        self.tensor_cores = tf32 and arch_number(arch) >= 80
+        self.notes: list[str] = []
+        if tf32 and not self.tensor_cores:
+            self.notes.append(f"TF32 asked for, but {arch} has no TF32 tensor cores: GEMMs stay FP32")
+        largest = max((n.type.size for n in graph.nodes), default=1)
+        # 32-bit index arithmetic is much cheaper on the GPU; keep headroom for grid-stride overshoot.
+        self.I = "int" if largest < INT32_SAFE else "int64_t"
+        self.scratch_bytes = 0
+        self.templates: list[str] = []
+
+    # -- buffers --------------------------------------------------------------------------
+    def binding(self, node_id: int) -> tuple:
+        buf = self.memory.storage[node_id]
+        return ("arena", buf.key) if buf.kind == "arena" else (buf.kind, buf.key)
+
+    def _error_code(self, k: Kernel) -> int:
+        code = len(self.error_nodes) + 1
+        self.error_nodes[code] = k.anchor
+        return code
+
+    def _template(self, template: str, /, **ctx) -> str:
+        self.templates.append(template)
+        ctx.setdefault("I", self.I)
+        return _env.get_template(template).render(**ctx)
+
+    def _index_type(self, largest: int) -> str:
+        """The graph's index type, widened where one kernel's range outgrows every single tensor."""
+        return self.I if largest < INT32_SAFE else "int64_t"
+
+    # -- the step ---------------------------------------------------------------------------
+    def render(self) -> GeneratedCudaStep:       # type: ignore[override]
+        sources: list[str] = []
+        launches: list[Launch] = []
+        for k in self.kernels:
+            writes = {n for n in k.nodes() if self.stored(n, k)}
+            params = _CudaParams(self, writes)
+            text, kernel_launches = getattr(self, KERNEL_KINDS[k.kind])(k, params)
+            sources.append(text)
+            launches.extend(kernel_launches)
+        copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
+                  for node, var in self.memory.copy_back]
+        bindings: list[tuple] = [("arena",)]
+        for b in [a for launch in launches for a in launch.args] + [c.dst for c in copies] + [c.src for c in copies]:
+            if b[0] not in ("arena", "scratch", "status") and b not in bindings:
+                bindings.append(b)
+        source = _env.get_template("step.cu.j2").render(
+            version=self.version, job=self.graph.name, kernels=sources, notes=self.notes,
+            launches=launches, copies=copies, bindings=[_describe_binding(b) for b in bindings],
+            uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
+        return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes),
+                                 [la.kernel for la in launches] if self.profile else [],
+                                 self.scratch_bytes, list(self.templates), self.tensor_cores)
+
+    # -- pointwise ----------------------------------------------------------------------------
+    def _pointwise(self, k: Kernel, params: _CudaParams):
+        loops, begin = [], 0
+        for members in k.loops:
+            lp = self._loop(k, members, params, begin)
+            loops.append(lp)
+            begin = lp["end"]
+        text = self._template("pointwise.cu.j2", name=k.name, comment=self._comment(k), I=self._index_type(begin),
+                              params=params.declarations(), loops=loops, total=begin, block=BLOCK)
+        return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _loop(self, k: Kernel, members: list[int], params: _CudaParams, begin: int) -> dict:
+        """One loop of a pointwise kernel: index `i` in [0, size) of its output, offset by `begin`
+        in the kernel's flattened range; operands read at their (broadcast) strides."""
+        shape = self.graph.node(members[-1]).type.shape
+        dims, merged = _coalesce(shape, self._loop_strides(members))
+        size = int(np.prod(shape, dtype=np.int64))
+        index: list[str] = []
+        if len(dims) <= 1:
+            def offset(strides: list[int]) -> str:
+                s = merged[_key(strides)]
+                return _term("i", s[0] if s else 0)
+        else:
+            index.append(f"{self.I} rem = i;")
+            for d in range(len(dims) - 1, 0, -1):
+                index.append(f"const {self.I} d{d} = rem % {dims[d]}; rem /= {dims[d]};")
+            index.append(f"const {self.I} d0 = rem;")
+
+            def offset(strides: list[int]) -> str:
+                s = merged[_key(strides)]
+                return " + ".join(t for t in (_term(f"d{d}", s[d]) for d in range(len(dims))) if t != "0") or "0"
+        body = self.pointwise_lines(k, members, params, offset)
+        return {"begin": begin, "end": begin + size, "shape": list(shape), "index": index, "body": body,
+                "ops": ", ".join(self.graph.node(m).op for m in members)}
+
+    # -- reductions ---------------------------------------------------------------------------
+    def _reduction(self, k: Kernel, params: _CudaParams):
+        a = self.graph.node(k.anchor)
+        x = self.graph.node(a.inputs[0])
+        axes = a.attr("axes")
+        outer = reduced = inner = 1
+        for d, n in enumerate(x.type.shape):
+            if d < axes[0]:
+                outer *= n
+            elif d <= axes[-1]:
+                reduced *= n
+            else:
+                inner *= n
+        rule, t = OPS[a.op], c_type(a.type.dtype)
+        epilogue = self.pointwise_lines(k, k.members, params, lambda s: "i" if any(s) else "0",
+                                        anchor_value="acc") if k.members else []
+        # inner == 1: one block per output, its threads along the row; else one thread per output.
+        block = _pow2_block(reduced) if inner == 1 else BLOCK
+        grid = (max(1, min(outer, MAX_GRID)), 1, 1) if inner == 1 else _grid_1d(outer * inner)
+        text = self._template("reduction.cu.j2", name=k.name, comment=self._comment(k), T=t, outer=outer,
+                              reduced=reduced, inner=inner, X=params.use(x.id), OUT=params.use(a.id),
+                              init=rule.c_init.format(T=t), combine=rule.c_expr.format("acc", "x"),
+                              epilogue=epilogue, block=block, params=params.declarations())
+        return text, [Launch(k.name, grid, (block, 1, 1), 0, tuple(params.arguments()))]
+
+    # -- GEMM -----------------------------------------------------------------------------------
+    def _tile(self, dtype: str, a_k_fast: bool, b_n_fast: bool) -> tuple[str, int]:
+        """The tile function (flowc_cuda_gemm.h) and its block size for this dtype."""
+        flags = f"{str(a_k_fast).lower()}, {str(b_n_fast).lower()}"
+        if self.tensor_cores and dtype == "float32":
+            return f"flowc::gemm_tile_tf32<{flags}>", TF32_THREADS
+        return f"flowc::gemm_tile<{c_type(dtype)}, {flags}>", GEMM_THREADS
+
+    def _matmul(self, k: Kernel, params: _CudaParams):
+        a = self.graph.node(k.anchor)
+        ta, tb = a.attr("transpose_a"), a.attr("transpose_b")
+        A, B = a.inputs
+        ashape, bshape = self.graph.node(A).type.shape, self.graph.node(B).type.shape
+        M, N = a.type.shape[-2], a.type.shape[-1]
+        K = ashape[-2] if ta else ashape[-1]
+        batch = int(np.prod(a.type.shape[:-2], dtype=np.int64))
+        if batch > 1 and k.members:
+            raise CudaCodegenError(f"{a.loc}: {k.name}: a batched matmul has no epilogue (fusion refuses it)")
+        lda, ldb = ashape[-1], bshape[-1]
+        tile, threads = self._tile(a.type.dtype, not ta, not tb)
+        epilogue = self.pointwise_lines(k, k.members, params, _gemm_offset, anchor_value="acc") if k.members else []
+        text = self._template("matmul.cu.j2", name=k.name, comment=self._comment(k), T=c_type(a.type.dtype),
+                              M=M, N=N, K=K, batch=batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
+                              a_index=f"({self.I})k * {lda} + m" if ta else f"({self.I})m * {lda} + k",
+                              b_index=f"({self.I})n * {ldb} + k" if tb else f"({self.I})k * {ldb} + n",
+                              tile=tile, threads=threads, epilogue=epilogue, params=params.declarations())
+        grid = (_ceil_div(N, GEMM_TILE), _ceil_div(M, GEMM_TILE), batch)
+        self._check_grid(a, grid)
+        return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
+
+    def _check_grid(self, node, grid: tuple[int, int, int]) -> None:
+        if grid[1] > MAX_GRID or grid[2] > MAX_GRID:
+            raise CudaCodegenError(f"{node.loc}: {node.op} needs a grid of {grid} blocks; CUDA allows "
+                                   f"at most {MAX_GRID} in y and z")
+
+    # -- row kernels -------------------------------------------------------------------------------
+    def _row(self, k: Kernel, params: _CudaParams):
+        return getattr(self, ROW_KERNELS[self.graph.node(k.anchor).op])(k, params)
+
+    def _row_template(self, k: Kernel, params: _CudaParams):
+        a = self.graph.node(k.anchor)
+        x = self.graph.node(a.inputs[0])
+        cols = x.type.shape[-1]
+        rows = x.type.size // cols
+        text = self._template(ROW_TEMPLATES[a.op], name=k.name, comment=self._comment(k),
+                              T=c_type(x.type.dtype), rows=rows, cols=cols, X=params.use(x.id),
+                              OUT=params.use(a.id), params=params.declarations(), block=BLOCK,
+                              rows_per_block=ROWS_PER_BLOCK)
+        return text, [Launch(k.name, self._row_grid(rows), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _row_grid(self, rows: int) -> tuple[int, int, int]:
+        return (max(1, min(_ceil_div(rows, ROWS_PER_BLOCK), MAX_GRID)), 1, 1)
+
+    def _xent_loss(self, k: Kernel, params: _CudaParams):
+        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=None)
+
+    def _xent_grad(self, k: Kernel, params: _CudaParams):
+        return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor))
+
+    def _xent_fused(self, k: Kernel, params: _CudaParams):
+        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=self.graph.node(k.second))
+
+    def _xent(self, k: Kernel, params: _CudaParams, loss, grad):           # type: ignore[override]
+        main = loss or grad
+        logits, labels = (self.graph.node(i) for i in main.inputs[:2])
+        cols = logits.type.shape[-1]
+        rows = logits.type.size // cols
+        names = {"X": params.use(logits.id), "LABELS": params.use(labels.id),
+                 "LOSS": params.use(loss.id) if loss else "",
+                 "DY": params.use(grad.inputs[2]) if grad else "", "DX": params.use(grad.id) if grad else ""}
+        code = self._error_code(k)
+        text = self._template("sparse_xent.cu.j2", name=k.name, comment=self._comment(k),
+                              T=c_type(logits.type.dtype), rows=rows, cols=cols, loss=loss is not None,
+                              grad=grad is not None, code=code, params=params.declarations(), block=BLOCK,
+                              rows_per_block=ROWS_PER_BLOCK, **names)
+        args = tuple(params.arguments()) + (("status",),)
+        return text, [Launch(k.name, self._row_grid(rows), (BLOCK, 1, 1), 0, args)]
+
+    # -- window kernels: the CPU generator's geometry, a GPU layout per op ---------------------------
+    def _window(self, k: Kernel, params: _CudaParams):
+        a = self.graph.node(k.anchor)
+        context_method, layout_method = WINDOW_KERNELS[a.op]
+        ctx = {"name": k.name, "comment": self._comment(k), "T": c_type(a.type.dtype), "op": a.op}
+        ctx.update(getattr(self, context_method)(k, a, params))
+        return getattr(self, layout_method)(k, a, params, ctx)
+
+    def _conv2d(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        tile, threads = self._tile(a.type.dtype, True, True)
+        text = self._template("conv2d.cu.j2", tile=tile, threads=threads, params=params.declarations(), **ctx)
+        grid = (_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
+        self._check_grid(a, grid)
+        return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
+
+    def _conv2d_grad_input(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        total = ctx["N"] * ctx["C"] * ctx["H"] * ctx["W"]
+        text = self._template("conv2d_grad_input.cu.j2", total=total, block=BLOCK,
+                              params=params.declarations(), **ctx)
+        return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _conv2d_grad_filter(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        # dW[f, k] sums over every image and pixel (N * P terms, 57,600 for the seed LeNet's first
+        # layer) but has few outputs: split that sum over blocks, each writing its partial to
+        # scratch, and add the partials in split order in a second kernel (deterministic).
+        reduce_len = ctx["N"] * ctx["P"]
+        splits = max(1, min(MAX_SPLITS, _ceil_div(reduce_len, SPLIT_CHUNK)))
+        chunk = _ceil_div(reduce_len, splits)
+        splits = _ceil_div(reduce_len, chunk)          # no empty split
+        itemsize = np.dtype(a.type.dtype).itemsize
+        if splits > 1:
+            self.scratch_bytes = max(self.scratch_bytes, splits * ctx["F"] * ctx["K"] * itemsize)
+        tile, threads = self._tile(a.type.dtype, True, False)
+        text = self._template("conv2d_grad_filter.cu.j2", tile=tile, threads=threads, splits=splits, chunk=chunk,
+                              R=reduce_len, block=BLOCK, params=params.declarations(),
+                              I=self._index_type(splits * ctx["F"] * ctx["K"]), **ctx)
+        grid = (_ceil_div(ctx["K"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["groups"] * splits)
+        self._check_grid(a, grid)
+        args = tuple(params.arguments())
+        if splits == 1:
+            return text, [Launch(k.name, grid, (threads, 1, 1), 0, args)]
+        scratch = ("scratch", 0)
+        return text, [Launch(k.name, grid, (threads, 1, 1), 0, args + (scratch,)),
+                      Launch(f"{k.name}_sum", _grid_1d(ctx["F"] * ctx["K"]), (BLOCK, 1, 1), 0,
+                             (self.binding(a.id), scratch))]
+
+    def _pool2d(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        names = {"X": f"b{a.inputs[0]}", "OUT": f"b{a.id}"}
+        total = ctx["planes"] * ctx["OH"] * ctx["OW"]
+        text = self._template("pool2d.cu.j2", total=total, block=BLOCK, params=params.declarations(),
+                              **names, **ctx)
+        return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _pool2d_grad(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        names = {"X": f"b{a.inputs[0]}" if a.op == "max_pool2d_grad" else "",
+                 "DY": f"b{a.inputs[-1]}", "DX": f"b{a.id}"}
+        total = ctx["planes"] * ctx["H"] * ctx["W"]
+        text = self._template("pool2d_grad.cu.j2", total=total, block=BLOCK, params=params.declarations(),
+                              **names, **ctx)
+        return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _concat(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        begin = 0
+        for part in ctx["parts"]:
+            part["begin"], begin = begin, begin + ctx["outer"] * part["block"]
+            part["end"] = begin
+        text = self._template("concat.cu.j2", total=begin, block=BLOCK, params=params.declarations(), **ctx)
+        return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+    def _slice_axis(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+        total = ctx["outer"] * ctx["out_block"]
+        text = self._template("slice_axis.cu.j2", total=total, block=BLOCK, X=f"b{a.inputs[0]}", OUT=f"b{a.id}",
+                              params=params.declarations(), **ctx)
+        return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+
+def _gemm_offset(strides: list[int]) -> str:
+    """Offset of an epilogue operand at row i0, column i1 of a GEMM's output."""
+    terms = [t for t in (_term("i0", strides[0]), _term("i1", strides[1])) if t != "0"]
+    return " + ".join(terms) or "0"
+
+
+# Kernel kind (compiler/passes/fusion.py) -> the method that lays it out.
+KERNEL_KINDS = {
+    "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",
+    "row": "_row", "xent_fused": "_xent_fused", "window": "_window",
+}
+# Row ops -> method; the plain ones render ROW_TEMPLATES[op].
+ROW_KERNELS = {
+    "softmax": "_row_template", "argmax": "_row_template",
+    "sparse_softmax_cross_entropy": "_xent_loss", "sparse_softmax_cross_entropy_grad": "_xent_grad",
+}
+ROW_TEMPLATES = {"softmax": "softmax.cu.j2", "argmax": "argmax.cu.j2"}
+# Window ops -> (the CPU generator's context method: the geometry, the GPU layout method).
+WINDOW_KERNELS = {
+    "conv2d": ("_conv_context", "_conv2d"),
+    "conv2d_grad_input": ("_conv_context", "_conv2d_grad_input"),
+    "conv2d_grad_filter": ("_conv_context", "_conv2d_grad_filter"),
+    "max_pool2d": ("_pool_context", "_pool2d"), "avg_pool2d": ("_pool_context", "_pool2d"),
+    "max_pool2d_grad": ("_pool_context", "_pool2d_grad"), "avg_pool2d_grad": ("_pool_context", "_pool2d_grad"),
+    "concat": ("_copy_context", "_concat"), "slice_axis": ("_copy_context", "_slice_axis"),
+}
+GEMM_TEMPLATES = {"matmul.cu.j2", "conv2d.cu.j2", "conv2d_grad_filter.cu.j2"}

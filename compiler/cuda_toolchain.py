@@ -1,0 +1,209 @@
+"""CUDA toolchain: generated CUDA source -> cached cubin, with nvcc.
+
+`build_cubin(source, name, arch)` runs ``nvcc -cubin -arch=sm_XX`` through the same
+content-addressed cache as the CPU libraries (:mod:`compiler.cache`); the entry keeps
+``kernel.cu`` next to ``kernel.cubin``.  The key covers the source, the whole nvcc
+command line (so the arch), nvcc's version, flowc's version and the CUDA headers under
+``codegen_templates/cuda``: a cubin built for sm_80 is never served to an sm_90 run,
+and an nvcc upgrade rebuilds.
+
+Only nvcc is needed, no GPU: ``build_cubin(src, "job", "sm_90")`` works on a build
+machine, and a later run on an sm_90 GPU finds the cubin in the cache.  With
+``arch=None`` the arch is the current device's, asked through PyCUDA, which is
+imported only here, only then, and only if it is installed.
+
+Example::
+
+    >>> res = build_cubin('extern "C" __global__ void k(float* x) { x[0] = 1; }',
+    ...                   "k", "sm_90")                       # doctest: +SKIP
+    >>> res.path.name, res.compiled                            # doctest: +SKIP
+    ('kernel.cubin', True)
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from compiler import cache as _cache
+from compiler.cache import KernelCache, KeyParts
+from compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER, BuildResult, ToolchainError, _debug
+
+__all__ = ["build_cubin", "cuda_include_dir", "device_arch", "find_nvcc", "key_parts", "normalize_arch",
+           "nvcc_command", "nvcc_version"]
+
+INSTALL_NVCC_HINT = ("install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads), put its bin/ on "
+                     "PATH, or point $NVCC at nvcc")
+# --expt-relaxed-constexpr: the op table's C++ expressions use std::numeric_limits<T>::lowest() and
+# friends, constexpr host functions that device code may call only with this flag.
+BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
+_ARCH = re.compile(r"^(?:sm_?|compute_)?(\d{2,3}[a-z]?)$")
+
+
+def find_nvcc() -> str:
+    """Path of nvcc: ``$NVCC``, else ``nvcc`` on PATH, else ``$CUDA_HOME/bin/nvcc``; ToolchainError if none.
+
+    Example::
+
+        >>> find_nvcc()   # doctest: +SKIP
+        '/usr/local/bin/nvcc'
+    """
+    env = os.environ.get("NVCC", "").strip()
+    candidates = [env] if env else ["nvcc"]
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    if not env:
+        candidates.append(str(Path(cuda_home) / "bin" / "nvcc"))
+    for c in candidates:
+        found = shutil.which(c)
+        if found:
+            return found
+    origin = f"{env!r} (from $NVCC)" if env else "nvcc"
+    raise ToolchainError(f"flowc needs nvcc to build CUDA kernels, but {origin} was not found; {INSTALL_NVCC_HINT}")
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    try:
+        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    except OSError as e:
+        raise ToolchainError(f"could not run {nvcc}: {e}; {INSTALL_NVCC_HINT}") from e
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise ToolchainError(f"`{nvcc} --version` failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    # "Cuda compilation tools, release 13.0, V13.0.88" and "Build cuda_13.0.r13.0/compiler.36424714_0":
+    # the build line tells apart two nvccs of one release.
+    wanted = [ln for ln in lines if "release" in ln or ln.startswith("Build")]
+    return "; ".join(wanted or lines[-1:])
+
+
+def nvcc_version() -> str:
+    """nvcc's release and build lines, e.g. ``'Cuda compilation tools, release 13.0, V13.0.88; Build ...'``."""
+    return _nvcc_version(find_nvcc())
+
+
+def normalize_arch(arch: str) -> str:
+    """``'sm_90'`` from ``'sm_90'``, ``'sm90'``, ``'90'`` or ``'compute_90'``; ValueError otherwise.
+
+    Example::
+
+        >>> normalize_arch("90"), normalize_arch("sm_90a")
+        ('sm_90', 'sm_90a')
+    """
+    m = _ARCH.match(str(arch).strip().lower())
+    if not m:
+        raise ValueError(f"GPU arch {arch!r} is not of the form sm_XY (e.g. sm_80 for A100, sm_90 for H100)")
+    return f"sm_{m.group(1)}"
+
+
+def arch_number(arch: str) -> int:
+    """80 for ``'sm_80'``, 90 for ``'sm_90a'``."""
+    return int(re.sub(r"\D", "", normalize_arch(arch)))
+
+
+def device_arch() -> str:
+    """The arch of CUDA device 0 (``'sm_90'`` on an H100), asked through PyCUDA.
+
+    Raises ToolchainError saying what is missing when PyCUDA, the driver or a device is.
+    """
+    if importlib.util.find_spec("pycuda") is None:
+        raise ToolchainError("no GPU arch given and PyCUDA is not installed to ask the device for one; pass an "
+                             "arch (e.g. arch='sm_90', or `flowc compile --device gpu --arch sm_90`)")
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        if drv.Device.count() == 0:
+            raise RuntimeError("the CUDA driver sees no device")
+        major, minor = drv.Device(0).compute_capability()
+    except Exception as e:        # pycuda raises its own error types; all mean "no device to ask"
+        raise ToolchainError(f"no GPU arch given and none can be read from a device ({e}); pass an arch "
+                             "such as 'sm_90'") from e
+    return f"sm_{major}{minor}"
+
+
+def cuda_include_dir() -> Path:
+    """Directory of the CUDA headers shipped with flowc (``codegen_templates/cuda``)."""
+    import codegen_templates
+    return Path(codegen_templates.__file__).resolve().parent / "cuda"
+
+
+def nvcc_command(src: Path, out: Path, arch: str) -> list[str]:
+    """Full nvcc argv building ``src`` into the cubin ``out`` for ``arch``.
+
+    Example::
+
+        >>> nvcc_command(Path("k.cu"), Path("k.cubin"), "sm_90")[1:3]   # doctest: +SKIP
+        ['-cubin', '-O3']
+    """
+    return [find_nvcc(), *BASE_FLAGS, f"-arch={normalize_arch(arch)}", f"-I{cuda_include_dir()}",
+            str(src), "-o", str(out)]
+
+
+def key_parts(source: str, arch: str) -> KeyParts:
+    """Cache key parts of ``source`` built for ``arch`` by this nvcc (the arch is in the command and target)."""
+    arch = normalize_arch(arch)
+    command = shlex.join(nvcc_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), arch))
+    return _cache.make_key_parts(source=source, command=command, compiler_version=nvcc_version(),
+                                 cpu_target=f"cuda {arch}", include_dir=cuda_include_dir())
+
+
+def build_cubin(source: str, name: str, arch: str | None = None, *,
+                cache: KernelCache | None = None) -> BuildResult:
+    """Compile CUDA ``source`` into a cubin for ``arch`` (None: the current device's) through the cache.
+
+    Returns a :class:`compiler.toolchain.BuildResult` whose ``path`` is ``kernel.cubin`` and
+    ``source_path`` ``kernel.cu``.  Raises ToolchainError when nvcc is missing or the source
+    does not compile (with nvcc's output and the path of the kept source).
+    """
+    t0 = time.perf_counter()
+    arch = normalize_arch(arch) if arch is not None else device_arch()
+    cache = cache if cache is not None else _cache.default_cache()
+    parts = key_parts(source, arch)
+    key = parts.key()
+    miss_reason: list[str] = []
+
+    def build(tmp: Path) -> None:
+        miss_reason.append(cache.explain_miss(name, parts))
+        _debug(f"{miss_reason[0]}; compiling CUDA key {key[:16]} for {arch}")
+        src, out = tmp / _cache.CUDA_FILES[0], tmp / _cache.CUDA_FILES[1]
+        src.write_text(source)
+        argv = nvcc_command(src, out, arch)
+        _debug("$ " + shlex.join(argv))
+        t = time.perf_counter()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True)
+        except OSError as e:
+            raise ToolchainError(f"could not run {argv[0]}: {e}; {INSTALL_NVCC_HINT}") from e
+        _debug(f"nvcc built {name!r} for {arch} in {time.perf_counter() - t:.2f}s")
+        if proc.returncode != 0:
+            raise _compile_error(cache, name, key, source, argv, proc, arch)
+
+    entry, compiled = cache.get_or_build(parts, name, build, files=_cache.CUDA_FILES)
+    seconds = time.perf_counter() - t0
+    if not compiled:
+        _debug(f"cache hit for CUDA {name!r} ({arch}, {key[:16]}) in {seconds * 1e3:.1f} ms")
+    return BuildResult(path=entry.library, key=key, compiled=compiled, seconds=seconds,
+                       source_path=entry.source, miss_reason=miss_reason[0] if miss_reason else None)
+
+
+def _compile_error(cache: KernelCache, name: str, key: str, source: str, argv: list[str],
+                   proc: subprocess.CompletedProcess, arch: str) -> ToolchainError:
+    # As for g++: the build folder is deleted on failure, so keep the source and nvcc's log
+    # where the user can open them, and name the kept copy in nvcc's messages.
+    kept = cache.failed_dir(name, key)
+    kept_src = kept / _cache.CUDA_FILES[0]
+    kept_src.write_text(source)
+    tmp_src = argv[-3]
+    output = "\n".join(s for s in ((proc.stdout or "").strip(), (proc.stderr or "").strip()) if s)
+    output = output.replace(tmp_src, str(kept_src))
+    command = shlex.join(argv).replace(tmp_src, str(kept_src))
+    (kept / "nvcc.log").write_text(f"$ {command}\n{output}\n")
+    return ToolchainError(f"CUDA compilation of {name!r} for {arch} failed (exit {proc.returncode}).\n"
+                          f"generated source kept at: {kept_src}\n"
+                          f"command: {command}\n"
+                          f"nvcc output:\n{output}")

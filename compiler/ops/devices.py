@@ -1,0 +1,30 @@
+"""`device_copy`: a value moved between the host ("cpu") and a GPU ("gpu").
+
+The placement pass (compiler/passes/placement.py) inserts one wherever a value computed on one
+device is read by an op placed on the other, so `flowc show` and the IR dumps say where a job
+crosses devices.  It is a view: on a backend that runs the whole step on one device (the CPU
+fallback, or the CUDA backend, which runs every kernel of a step on the GPU) it shares its
+input's buffer and costs nothing; a split runtime would copy at that point instead.
+"""
+from __future__ import annotations
+
+from compiler.ir import TensorType
+from compiler.ops import OpRule, ShapeError, register
+
+DEVICES = ("cpu", "gpu")
+
+
+def _infer(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    src, dst = attrs["src"], attrs["dst"]
+    if src not in DEVICES or dst not in DEVICES or src == dst:
+        raise ShapeError(f"device_copy: copies between two of {DEVICES}, got {src!r} -> {dst!r}")
+    return TensorType(x.shape, x.dtype)
+
+
+def _grad(e, node, dy):
+    # The gradient goes back the way the value came.
+    return [e.op("device_copy", dy, src=node.attr("dst"), dst=node.attr("src"))]
+
+
+register(OpRule("device_copy", "view", _infer, lambda x, src, dst: x, _grad))

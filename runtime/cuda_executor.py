@@ -1,0 +1,292 @@
+"""Running a compiled CUDA step with PyCUDA: the GPU twin of `runtime.executor.LoadedStep`.
+
+Imported only where `runtime.devices.gpu_status()` said a GPU is usable (it imports PyCUDA).
+
+Per job: the cubin's module, one device arena (the memory plan), one scratch buffer, one
+status int, a compute stream and a copy stream.  Per register slot: device buffers for the
+placeholders and runtime scalars, page-locked host staging buffers for them and for the
+outputs, and every launch's argument list, resolved to device pointers once.  Feeding a slot
+(caller thread) copies the caller's arrays into its staging buffers and queues their upload on
+the copy stream, so it overlaps the step computing on the other slot; the compute stream waits
+for that upload, replays the launch list, downloads the outputs and the status, and the
+compute actor waits for it.
+
+Variables live on the device, one buffer per variable per session, shared by every GPU job
+of the session (a train job's update is what the predict job reads).  The session's NumPy
+arrays are stale while GPU steps run: `runtime.devices.sync_to_host(session)` copies them back
+(checkpoints, `session.value()`), `sync_to_device(session)` uploads host changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, Sequence
+
+import numpy as np
+import pycuda.driver as cuda
+
+from compiler.errors import StepError
+from compiler.ir import numpy_dtype
+from runtime.devices import DEVICE_VARIABLES_ATTR
+
+MIN_ALLOC = 256    # bytes; cuMemAlloc refuses 0, and 256 is its alignment anyway
+
+
+class _Device:
+    """Device 0's primary context, made current around every CUDA call, on whichever thread."""
+
+    _lock = threading.Lock()
+    _instance: "_Device | None" = None
+
+    def __init__(self) -> None:
+        cuda.init()
+        self.device = cuda.Device(0)
+        self.context = self.device.retain_primary_context()
+
+    @classmethod
+    def get(cls) -> "_Device":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        self.context.push()
+        try:
+            yield
+        finally:
+            cuda.Context.pop()
+
+
+def _alloc(nbytes: int):
+    return cuda.mem_alloc(max(int(nbytes), MIN_ALLOC))
+
+
+class DeviceVariables:
+    """The device copies of a session's variables, uploaded at first use."""
+
+    def __init__(self, session, device: _Device) -> None:
+        self.session = session
+        self.device = device
+        self.buffers: dict[str, object] = {}
+        self.host_stale: set[str] = set()     # changed on the device since the host copy
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, session, device: _Device) -> "DeviceVariables":
+        store = getattr(session, DEVICE_VARIABLES_ATTR, None)
+        if store is None:
+            store = cls(session, device)
+            setattr(session, DEVICE_VARIABLES_ATTR, store)
+        return store
+
+    def pointer(self, name: str) -> int:
+        """The device address of variable `name`, uploading its current value the first time."""
+        with self._lock:
+            if name not in self.buffers:
+                value = np.ascontiguousarray(self.session.value(name))
+                buf = _alloc(value.nbytes)
+                with self.device.current():
+                    cuda.memcpy_htod(buf, value)
+                self.buffers[name] = buf
+            return int(self.buffers[name])
+
+    def written(self, names) -> None:
+        with self._lock:
+            self.host_stale.update(n for n in names if n in self.buffers)
+
+    def to_host(self, names=None) -> None:
+        with self._lock, self.device.current():
+            cuda.Context.synchronize()            # steps still running on any stream
+            for name in list(self.host_stale if names is None else names):
+                if name in self.buffers:
+                    host = self.session.value(name)       # in place: CPU steps hold its address
+                    staging = np.empty_like(host)
+                    cuda.memcpy_dtoh(staging, self.buffers[name])
+                    np.copyto(host, staging)
+                    self.host_stale.discard(name)
+
+    def to_device(self, names=None) -> None:
+        with self._lock, self.device.current():
+            cuda.Context.synchronize()
+            for name in list(self.buffers if names is None else names):
+                if name in self.buffers:
+                    cuda.memcpy_htod(self.buffers[name], np.ascontiguousarray(self.session.value(name)))
+                    self.host_stale.discard(name)
+
+
+class CudaSlot:
+    """One register slot: a step's inputs and scalars on both sides, its outputs' staging, its launch args."""
+
+    def __init__(self, step: "CudaLoadedStep") -> None:
+        graph = step.graph
+        self.inputs: list[np.ndarray] = []          # page-locked, shaped like the placeholders
+        self.device_inputs = []
+        for p in graph.placeholders:
+            t = graph.node(p).type
+            self.inputs.append(_pinned(t.shape, t.dtype))
+            self.device_inputs.append(_alloc(t.nbytes))
+        self.scalars: dict[str, np.ndarray] = {}
+        self.device_scalars: dict[str, object] = {}
+        for name, dtype in graph.scalars.items():
+            self.scalars[name] = _pinned((), dtype)
+            self.device_scalars[name] = _alloc(np.dtype(numpy_dtype(dtype)).itemsize)
+        self.outputs = [_pinned(graph.node(o).type.shape, graph.node(o).type.dtype) for o in graph.outputs]
+        self.fetch = [(out, step.pointer(step.binding(o), self)) for out, o in zip(self.outputs, graph.outputs)]
+        self.fed = cuda.Event()
+        self.args = [tuple(step.pointer(b, self) for b in launch.args) for launch in step.launches]
+
+
+def _pinned(shape: tuple, dtype: str) -> np.ndarray:
+    """A page-locked host array (the DMA engine copies it while the CPU does other work)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    flat = cuda.pagelocked_empty(max(size, 1), numpy_dtype(dtype))
+    return flat[:size].reshape(shape)
+
+
+class CudaLoadedStep:
+    """A compiled CUDA step bound to its device buffers, with `depth` slots (the interface of LoadedStep)."""
+
+    def __init__(self, compiled, session, depth: int = 1) -> None:
+        if getattr(compiled, "device", "cpu") != "gpu":
+            raise ValueError(f"job {compiled.program.graph.name!r} was compiled for {compiled.device!r}, not 'gpu'")
+        self.compiled = compiled
+        self.graph = compiled.program.graph
+        self.session = session
+        self.device = _Device.get()
+        generated = compiled.generated
+        self.launches = generated.launches
+        self.copies = generated.copies
+        self.assigned = list(self.graph.assigns)
+        self.variables = DeviceVariables.of(session, self.device)
+        with self.device.current():
+            self.module = cuda.module_from_file(str(compiled.library))
+            self.functions = []
+            for launch in self.launches:
+                fn = self.module.get_function(launch.kernel)
+                fn.prepare("P" * len(launch.args))
+                self.functions.append(fn)
+            self.stream = cuda.Stream()           # the steps, in call order
+            self.copy_stream = cuda.Stream()      # uploads of fed slots, overlapping the steps
+            self.arena = _alloc(compiled.program.memory.arena_bytes)
+            self.scratch = _alloc(generated.scratch_bytes)
+            self.status = _alloc(4)
+            self.host_status = cuda.pagelocked_empty(1, np.int32)
+            self.slots = [CudaSlot(self) for _ in range(depth)]
+            # Copy-backs move arena values into variables: neither depends on the slot.
+            self.copy_args = [(self.pointer(c.dst, self.slots[0]), self.pointer(c.src, self.slots[0]), c.nbytes)
+                              for c in self.copies]
+        self._profiled = list(generated.profiled_kernels)
+        self._seconds = [0.0] * len(self._profiled)
+
+    # -- buffers ------------------------------------------------------------------------
+    def binding(self, node_id: int) -> tuple:
+        """Where the memory plan keeps `node_id`, as a launch-argument binding."""
+        buf = self.compiled.program.memory.storage[node_id]
+        return ("arena", buf.key) if buf.kind == "arena" else (buf.kind, buf.key)
+
+    def pointer(self, binding: tuple, slot: CudaSlot) -> int:
+        """The device address a launch argument names."""
+        kind = binding[0]
+        if kind == "arena":
+            return int(self.arena) + int(binding[1])
+        if kind == "scratch":
+            return int(self.scratch) + int(binding[1])
+        if kind == "status":
+            return int(self.status)
+        if kind == "input":
+            return int(slot.device_inputs[binding[1]])
+        if kind == "scalar":
+            return int(slot.device_scalars[binding[1]])
+        if kind == "variable":
+            return self.variables.pointer(binding[1])
+        raise ValueError(f"unknown buffer binding {binding!r}")
+
+    def view(self, node_id: int, slot: CudaSlot) -> np.ndarray:
+        """`node_id`'s value: the staged output after `compute(slot)`, or a copy from the device."""
+        if node_id in self.graph.outputs:
+            return slot.outputs[self.graph.outputs.index(node_id)]
+        t = self.graph.node(node_id).type
+        out = np.empty(t.shape, numpy_dtype(t.dtype))
+        with self.device.current():
+            self.stream.synchronize()
+            cuda.memcpy_dtoh(out, self.pointer(self.binding(node_id), slot))
+        return out
+
+    # -- a step --------------------------------------------------------------------------
+    def feed(self, slot: CudaSlot, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
+        """Copy the caller's arrays into `slot`'s staging buffers and queue their upload."""
+        for host, a in zip(slot.inputs, arrays):
+            np.copyto(host, a, casting="same_kind")
+        if scalars:
+            for name, value in scalars.items():
+                if name in slot.scalars:
+                    slot.scalars[name][...] = value
+        with self.device.current():
+            for host, dev in zip(slot.inputs, slot.device_inputs):
+                if host.size:
+                    cuda.memcpy_htod_async(dev, host, self.copy_stream)
+            for name, host in slot.scalars.items():
+                cuda.memcpy_htod_async(slot.device_scalars[name], host, self.copy_stream)
+            slot.fed.record(self.copy_stream)
+
+    def compute(self, slot: CudaSlot) -> list[np.ndarray]:
+        """Run the step on `slot` and return copies of its outputs (waits for the GPU)."""
+        profiling = bool(self._profiled)
+        with self.device.current():
+            try:
+                self.stream.wait_for_event(slot.fed)
+                cuda.memset_d32_async(int(self.status), 0, 1, self.stream)
+                events = []
+                for launch, fn, args in zip(self.launches, self.functions, slot.args):
+                    if profiling:
+                        events.append((cuda.Event().record(self.stream), None))
+                    fn.prepared_async_call(launch.grid, launch.block, self.stream, *args,
+                                           shared_size=launch.shared_bytes)
+                    if profiling:
+                        events[-1] = (events[-1][0], cuda.Event().record(self.stream))
+                for dst, src, nbytes in self.copy_args:
+                    cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
+                for host, src in slot.fetch:
+                    if host.size:
+                        cuda.memcpy_dtoh_async(host, src, self.stream)
+                cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
+                self.stream.synchronize()
+            except cuda.Error as err:
+                raise StepError(f"job {self.graph.name!r}: the GPU step failed: {err}") from err
+            for k, (start, end) in enumerate(events):
+                self._seconds[k] += end.time_since(start) * 1e-3
+        self.variables.written(self.assigned)
+        code = int(self.host_status[0])
+        if code:
+            self._raise(code)
+        return [out.copy() for out in slot.outputs]
+
+    def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
+        """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
+        self.feed(self.slots[0], arrays, scalars)
+        return self.compute(self.slots[0])
+
+    def profile(self) -> list[tuple[str, float]]:
+        """(kernel, GPU seconds summed over the steps so far), for a step compiled with FLOWC_PROFILE=1."""
+        if not self._profiled:
+            raise RuntimeError(f"job {self.graph.name!r} was compiled without per-kernel timers; "
+                               "set FLOWC_PROFILE=1 before its first call")
+        totals: dict[str, float] = {}
+        for name, seconds in zip(self._profiled, self._seconds):
+            totals[name] = totals.get(name, 0.0) + seconds
+        return list(totals.items())
+
+    def sync_to_host(self) -> None:
+        """Copy every variable this session's GPU jobs changed back into the session's arrays."""
+        self.variables.to_host()
+
+    def _raise(self, code: int) -> None:
+        node_id = self.compiled.generated.error_nodes.get(code)
+        node = self.graph.node(node_id) if node_id is not None else None
+        if node is not None and node.op.startswith("sparse_softmax_cross_entropy"):
+            classes = self.graph.node(node.inputs[0]).type.shape[-1]
+            raise StepError(f"{node.loc}: sparse_softmax_cross_entropy_with_logits: a label is out of range "
+                            f"[0, {classes}) in job {self.graph.name!r}")
+        raise StepError(f"job {self.graph.name!r}: step failed with code {code}")

@@ -1,0 +1,115 @@
+"""Which device a job runs on, and the one door to the CUDA runtime.
+
+Nothing here imports PyCUDA unless it is installed, and nothing imports
+`runtime.cuda_executor` (which does import it) unless a GPU is usable, so a machine
+without a GPU never loads any GPU code:
+
+    usable, why = gpu_status()                   # never raises
+    device, warning = job_device(graph)          # "gpu", or "cpu" plus why not
+    step = load_step(compile_graph(graph, device), session, depth)
+    ...
+    sync_to_host(session)                        # before reading variables on the host
+    sync_to_device(session)                      # after writing them on the host
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from compiler.ir import Graph
+
+STRICT_ENV = "FLOWC_STRICT_DEVICE"
+# The attribute a session carries once a GPU job has loaded: its device copies of the variables.
+DEVICE_VARIABLES_ATTR = "_flowc_device_variables"
+
+
+class DeviceUnavailable(RuntimeError):
+    """A job is placed on "gpu", no GPU can run it, and FLOWC_STRICT_DEVICE=1 forbids the CPU fallback."""
+
+
+def _nvcc_found() -> bool:
+    if os.environ.get("NVCC"):
+        return shutil.which(os.environ["NVCC"]) is not None
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> tuple[bool, str]:
+    """(True, "NVIDIA H100 ... (sm_90)") when a job can run on a GPU here, else (False, why not).
+
+    Checks, in order: PyCUDA installed, the CUDA driver initializes, at least one device,
+    nvcc on the machine (kernels are compiled at a job's first call unless cached).
+    Never raises; the answer is computed once per process (`gpu_status.cache_clear()` to ask again).
+    """
+    if importlib.util.find_spec("pycuda") is None:
+        return False, "PyCUDA is not installed (pip install 'flowc[gpu]')"
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        count = drv.Device.count()
+    except Exception as e:       # ImportError of the extension, driver missing or too old, ...
+        return False, f"the CUDA driver is not usable: {type(e).__name__}: {e}"
+    if count == 0:
+        return False, "the CUDA driver sees no GPU"
+    if not _nvcc_found():
+        return False, "nvcc is not installed (needed to compile the kernels); install the CUDA toolkit"
+    try:
+        dev = drv.Device(0)
+        major, minor = dev.compute_capability()
+        return True, f"{dev.name()} (sm_{major}{minor})"
+    except Exception as e:
+        return False, f"GPU 0 cannot be queried: {type(e).__name__}: {e}"
+
+
+def wants_gpu(graph: Graph) -> bool:
+    """Did the user place any op of this job on "gpu"?"""
+    return any(n.type.device == "gpu" for n in graph.nodes)
+
+
+def job_device(graph: Graph) -> tuple[str, str | None]:
+    """Where `graph` runs: ("gpu", None), ("cpu", None), or ("cpu", the warning to show once).
+
+    Raises DeviceUnavailable instead of falling back when FLOWC_STRICT_DEVICE=1.
+    """
+    if not wants_gpu(graph):
+        return "cpu", None
+    usable, why = gpu_status()
+    if usable:
+        return "gpu", None
+    message = f"job {graph.name!r} is placed on \"gpu\", but no GPU can run it here: {why}; it runs on the CPU"
+    if os.environ.get(STRICT_ENV) == "1":
+        raise DeviceUnavailable(message + f" ({STRICT_ENV}=1 makes this an error)")
+    return "cpu", message
+
+
+def load_step(compiled, session, depth: int = 1):
+    """The loaded step for `compiled`: a CPU `LoadedStep`, or a `CudaLoadedStep` when it was built for "gpu"."""
+    if getattr(compiled, "device", "cpu") == "gpu":
+        from runtime.cuda_executor import CudaLoadedStep
+        return CudaLoadedStep(compiled, session, depth)
+    from runtime.executor import LoadedStep
+    return LoadedStep(compiled, session, depth)
+
+
+def sync_to_host(session, names=None) -> None:
+    """Copy the session's variables from the GPU into its NumPy arrays (in place).
+
+    Call after the pipeline is idle and before anything reads variables on the host:
+    checkpoint saves, `session.value()` for users, a CPU job sharing them.  Free when no
+    GPU job ever ran in this session.
+    """
+    store = getattr(session, DEVICE_VARIABLES_ATTR, None)
+    if store is not None:
+        store.to_host(names)
+
+
+def sync_to_device(session, names=None) -> None:
+    """Copy the session's NumPy variables to the GPU after the host changed them
+    (checkpoint load, re-initialization).  Free when no GPU job ever ran in this session."""
+    store = getattr(session, DEVICE_VARIABLES_ATTR, None)
+    if store is not None:
+        store.to_device(names)
