@@ -24,8 +24,11 @@ test: venv
 demo: venv
 	$(VPY) examples/mlp_train_demo.py
 
+# The peers (PyTorch, JAX) and matplotlib come with the `bench` extra, installed here once per
+# change of setup.cfg; `make bench BENCH_ARGS="--rounds 1"` passes options to the driver.
 bench: venv
-	$(VPY) -m pytest benchmarks --benchmark-only -q
+	@test $(VENV)/.installed-bench -nt setup.cfg || { $(VPY) -m pip install --quiet -e '.[test,bench]' && touch $(VENV)/.installed-bench; }
+	$(VPY) -m benchmarks.run_bench $(BENCH_ARGS)
 
 # Removes build outputs in the tree only; the kernel cache ($$FLOWC_CACHE_DIR or
 # ~/.cache/flowc) is left alone: delete that directory to empty it.

@@ -1,68 +1,55 @@
 """Asynchronous vs synchronous calls when each step's host-side data preparation costs about as
-much as its compute: the seed MLP train step, 50 steps per round.
+much as its compute: the seed MLP train step, STEPS steps per timed round.
 
 The preparation is I/O-like (reading the next batch: it waits, the way a data loader waits on a
-disk or a decoder, and holds no core), so with asynchronous calls it overlaps the previous step's
-compute, whose foreign call releases the GIL.  Expect async ~1.5-2x the sync throughput.
+disk or a decoder, and holds no core), so with asynchronous calls (flowc: a job returning
+tp.Callback; JAX: async dispatch) it overlaps the previous step's compute.  The wait is the
+framework's own synchronous step time, so the ideal speed-up is 2x for every framework.
 """
 from __future__ import annotations
 
 import time
+from typing import Any
 
-import numpy as np
 import pytest
 
-import flow
-from tests.test_mlp import load_example
+from benchmarks.peers import NotApplicable
+from benchmarks.settings import BenchSettings
+from benchmarks.timing import warm_up
+from benchmarks.workloads import ASYNC_WORKLOADS, STEP_WORKLOADS, batch
 
-demo = load_example("mlp_train_demo")          # -> tp.Numpy: synchronous
-async_demo = load_example("seeds/async_single_job")   # its train_job -> tp.Callback[tp.Numpy]
 STEPS = 50
-rng = np.random.default_rng(0)
-IMAGES = rng.random((100, 1, 28, 28), dtype=np.float32)
-LABELS = rng.integers(0, 10, 100).astype(np.int32)
+ROUNDS = 5
+ESTIMATE_SECONDS = 0.3
+_host_work: dict[str, float] = {}     # workload -> seconds: the same wait for the sync and the async test
 
 
-def compute_seconds() -> float:
-    demo.train_job(IMAGES, LABELS)
-    start = time.perf_counter()
-    for _ in range(50):
-        demo.train_job(IMAGES, LABELS)
-    return (time.perf_counter() - start) / 50
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("workload", ASYNC_WORKLOADS)
+def test_host_work(benchmark: Any, peer: Any, settings: BenchSettings, record: Any, workload: str, mode: str) -> None:
+    benchmark.group = f"async-vs-sync-{workload}"
+    images, labels = batch()
+    try:
+        submit, wait = peer.build_async(STEP_WORKLOADS[workload], images, labels)
+    except NotApplicable as why:
+        pytest.skip(str(why))
+    sync_step = peer.build(STEP_WORKLOADS[workload], images, labels)
+    if workload not in _host_work:
+        _host_work[workload] = warm_up(sync_step, ESTIMATE_SECONDS)     # median time of a synchronous step
+    host_work = _host_work[workload]
 
-
-@pytest.fixture(scope="module")
-def prep_seconds():
-    flow.clear_default_session()
-    seconds = compute_seconds()
-    flow.clear_default_session()
-    return seconds
-
-
-def load_batch(seconds: float):
-    time.sleep(seconds)                 # the I/O part of preparing a batch
-    return IMAGES, LABELS
-
-
-@pytest.mark.benchmark(group="async-vs-sync")
-def test_sync_calls_with_host_work(benchmark, prep_seconds):
-    flow.clear_default_session()
-    demo.train_job(IMAGES, LABELS)
-
-    def run():
+    def sync_round() -> None:
         for _ in range(STEPS):
-            demo.train_job(*load_batch(prep_seconds))
-    benchmark.pedantic(run, rounds=5, warmup_rounds=1)
+            time.sleep(host_work)              # the I/O part of preparing the next batch
+            sync_step()
 
-
-@pytest.mark.benchmark(group="async-vs-sync")
-def test_async_calls_with_host_work(benchmark, prep_seconds):
-    flow.clear_default_session()
-    async_demo.train_job(IMAGES, LABELS)(lambda loss: None)
-    flow.sync_default_session()
-
-    def run():
+    def async_round() -> None:
         for _ in range(STEPS):
-            async_demo.train_job(*load_batch(prep_seconds))(lambda loss: None)
-        flow.sync_default_session()
-    benchmark.pedantic(run, rounds=5, warmup_rounds=1)
+            time.sleep(host_work)
+            submit()
+        wait()
+
+    submit()
+    wait()                                    # compile the asynchronous variant outside the timing
+    benchmark.pedantic(sync_round if mode == "sync" else async_round, rounds=ROUNDS, warmup_rounds=1)
+    record(workload, "io", variant=mode, steps_per_call=STEPS, host_work_s=host_work)

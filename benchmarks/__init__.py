@@ -1,0 +1,1 @@
+"""flowc benchmark suites and the `make bench` driver; see benchmarks/README.md."""

@@ -1,0 +1,99 @@
+"""flowc: the seed programs' own job functions, called as a user calls them.
+
+The jobs come from the example files unchanged (the LeNet seeds keep their "gpu" placement, which
+runs on the CPU with a warning that is silenced here), so the benchmark times exactly what the
+seeds compile.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import types
+import warnings
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+import flow
+import flow.typing as tp
+from benchmarks.peers import NotApplicable, Step
+from benchmarks.workloads import Workload
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+# workload -> (example file under examples/, job function name)
+JOBS: dict[str, tuple[str, str]] = {
+    "mlp_train": ("mlp_train_demo", "train_job"),
+    "mlp_predict": ("mlp_train_demo", "eval_job"),
+    "lenet_train": ("seeds/synchronize_single_job", "train_job"),
+    "lenet_predict": ("seeds/synchronize_batch_job", "eval_job"),
+}
+# The same MLP train job returning tp.Callback[tp.Numpy]: calls return at once.
+ASYNC_JOBS: dict[str, tuple[str, str]] = {"mlp_train": ("seeds/async_single_job", "train_job")}
+
+
+@lru_cache(maxsize=None)
+def load_example(name: str) -> types.ModuleType:
+    """Import examples/<name>.py without running its __main__ part."""
+    spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def job(workload_name: str, table: dict[str, tuple[str, str]] = JOBS) -> Any:
+    """The job function (not yet traced) that runs `workload_name`."""
+    if workload_name not in table:
+        raise NotApplicable(f"flowc has no job for {workload_name}")
+    example, function = table[workload_name]
+    return getattr(load_example(example), function)
+
+
+def configure(threads: int) -> None:
+    # The compiled steps use OpenMP, which reads OMP_NUM_THREADS (set by benchmarks.threads.pin).
+    warnings.filterwarnings("ignore", message=".*no CUDA backend.*")
+
+
+def reset() -> None:
+    flow.clear_default_session()
+
+
+def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    train_or_eval = job(workload.name)
+    return lambda: train_or_eval(images, labels)
+
+
+def build_sgemm(n: int) -> Step:
+    """A predict job of one n x n x n product of two variables.
+
+    Reducing the product to a scalar keeps the copy-out off the timing (one extra pass over C,
+    about 1/n of the GEMM's work).
+    """
+    @flow.global_function(type="predict")
+    def sgemm_job(scale: tp.Numpy.Placeholder((1,), dtype=flow.float)) -> tp.Numpy:
+        init = flow.random_uniform_initializer()
+        a = flow.get_variable("bench_sgemm_a", shape=(n, n), dtype=flow.float, initializer=init, trainable=False)
+        b = flow.get_variable("bench_sgemm_b", shape=(n, n), dtype=flow.float, initializer=init, trainable=False)
+        return flow.math.reduce_sum(flow.matmul(a, b), axis=[0, 1]) * scale
+
+    one = np.ones(1, dtype=np.float32)
+    return lambda: sgemm_job(one)
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
+def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Step]:
+    async_job = job(workload.name, ASYNC_JOBS)
+    return (lambda: async_job(images, labels)(_ignore)), flow.sync_default_session
+
+
+def cache_env(directory: str) -> dict[str, str] | None:
+    return {"FLOWC_CACHE_DIR": directory}
+
+
+def compilations() -> int | None:
+    return flow.compile_cache_stats()["compilations"]

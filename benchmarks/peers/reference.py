@@ -1,0 +1,67 @@
+"""The NumPy reference executor (compiler/reference.py) interpreting the same seed graphs as flowc.
+
+It is flowc's test oracle, not a product path: it shows what compiling buys over running the
+same graph op by op in NumPy (whose BLAS does the GEMMs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import flow
+from benchmarks.peers import NotApplicable, Step, flowc_jobs
+from benchmarks.workloads import LEARNING_RATE, Workload
+from compiler.reference import run_reference
+from runtime.session import default_session
+
+
+def configure(threads: int) -> None:
+    # NumPy's BLAS reads OPENBLAS_NUM_THREADS / MKL_NUM_THREADS (set by benchmarks.threads.pin).
+    flowc_jobs.configure(threads)
+
+
+def reset() -> None:
+    flow.clear_default_session()
+
+
+def _scalars(graph, step: int) -> dict[str, float]:
+    """The runtime scalars a train graph reads, under its names ("learning_rate:float32", "train_step")."""
+    values = {"learning_rate": LEARNING_RATE, "train_step": step}
+    return {name: values[name.split(":")[0]] for name in graph.scalars}
+
+
+def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    job = flowc_jobs.job(workload.name)
+    state: dict = {}
+
+    def step() -> list[np.ndarray]:
+        if not state:        # trace at the first call, as flowc does
+            graph = job.graph
+            session = default_session()
+            state.update(graph=graph, step=0,
+                         values={name: session.value(name).copy() for name in graph.variables})
+        graph = state["graph"]
+        outputs, updates = run_reference(graph, [images, labels], state["values"], _scalars(graph, state["step"]))
+        state["values"].update(updates)
+        state["step"] += 1
+        return outputs
+    return step
+
+
+def build_sgemm(n: int) -> Step:
+    rng = np.random.default_rng(0)
+    a = rng.random((n, n), dtype=np.float32)
+    b = rng.random((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    return lambda: np.matmul(a, b, out=c)
+
+
+def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Step]:
+    raise NotApplicable("the reference executor has no asynchronous calls")
+
+
+def cache_env(directory: str) -> dict[str, str] | None:
+    return None
+
+
+def compilations() -> int | None:
+    return None

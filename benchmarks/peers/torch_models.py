@@ -1,0 +1,106 @@
+"""The seed MLP and LeNet in PyTorch, layer for layer, and their train / predict steps.
+
+Same as the seeds: layer sizes, ReLU, 2x2 max pooling, LeNet's dropout(0.5) in training,
+truncated-normal(0.1) weights and zero biases, mean sparse softmax cross entropy, plain SGD
+(lr 0.1, momentum 0).  torch_eager and torch_compile differ only in whether the forward pass and
+loss go through torch.compile (its backward is then compiled too, by AOTAutograd); the optimizer
+step stays eager, as in PyTorch's own training recipes.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.peers import Step
+from benchmarks.workloads import (CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE, LENET_FLAT, LENET_KERNEL,
+                                  MLP_HIDDEN, MLP_IN, Workload)
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(MLP_IN, MLP_HIDDEN)
+        self.output = nn.Linear(MLP_HIDDEN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(F.relu(self.hidden(x.flatten(1))))
+
+
+class LeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        same = LENET_KERNEL // 2       # "SAME" padding for a 5x5 kernel at stride 1
+        self.conv1 = nn.Conv2d(1, 32, LENET_KERNEL, padding=same)
+        self.conv2 = nn.Conv2d(32, 64, LENET_KERNEL, padding=same)
+        self.dense1 = nn.Linear(LENET_FLAT, 512)
+        self.dense2 = nn.Linear(512, CLASSES)
+        self.dropout = nn.Dropout(DROPOUT_RATE)     # active in train() mode only, as in the seeds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.dense1(x.flatten(1)))
+        return self.dense2(self.dropout(x))
+
+
+def make_model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = MLP() if name == "mlp" else LeNet()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            nn.init.trunc_normal_(module.weight, std=INIT_STDDEV, a=-2 * INIT_STDDEV, b=2 * INIT_STDDEV)
+            nn.init.zeros_(module.bias)
+    return model
+
+
+def build(workload: Workload, images: np.ndarray, labels: np.ndarray, compiled: bool) -> Step:
+    model = make_model(workload.model)
+    if workload.mode == "train":
+        return _train_step(model, images, labels, compiled)
+    return _predict_step(model, images, compiled)
+
+
+def _train_step(model: nn.Module, images: np.ndarray, labels: np.ndarray, compiled: bool) -> Step:
+    model.train()
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x), y)          # mean over the batch
+
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.compile(loss_of) if compiled else loss_of
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0)
+
+    def step() -> np.ndarray:
+        x = torch.from_numpy(images)
+        y = torch.from_numpy(labels).long()           # cross_entropy wants int64 class indices
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach().numpy()
+    return step
+
+
+def _predict_step(model: nn.Module, images: np.ndarray, compiled: bool) -> Step:
+    model.eval()
+    forward = torch.compile(model) if compiled else model
+
+    def step() -> np.ndarray:
+        with torch.inference_mode():
+            return forward(torch.from_numpy(images)).numpy()
+    return step
+
+
+def build_sgemm(n: int) -> Step:
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand((n, n), generator=generator)
+    b = torch.rand((n, n), generator=generator)
+    c = torch.empty((n, n))
+    return lambda: torch.mm(a, b, out=c)
+
+
+def configure(threads: int) -> None:
+    torch.set_num_threads(threads)

@@ -1,0 +1,187 @@
+"""The Markdown report of a run: steps/s, GFLOP/s against the sgemm ceiling, flowc/peer ratios,
+first-call latency, async vs sync, and the issue's targets with ✓/✗."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.peers import LABELS
+from benchmarks.summary import REFERENCE_FRAMEWORK, Summary
+from benchmarks.targets import MARK, evaluate, ratio_target
+from benchmarks.workloads import STEP_WORKLOADS
+
+NOT_MEASURED = "–"
+
+
+@dataclass
+class RunInfo:
+    """What the tables cannot say by themselves."""
+    date: str = ""
+    machine: str = ""
+    threads: int | None = None
+    sgemm_size: int | None = None
+    missing: dict[str, str] = field(default_factory=dict)    # framework -> why it did not run
+    environment: dict[str, str] = field(default_factory=dict)  # settings every framework ran with
+    load: str = ""        # the machine's load average around the run: other work there skews everything
+    warning: str = ""
+
+
+def _label(framework: str) -> str:
+    return LABELS.get(framework, framework)
+
+
+def _title(workload: str) -> str:
+    return STEP_WORKLOADS[workload].title if workload in STEP_WORKLOADS else workload
+
+
+def _table(header: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """A Markdown table; the first `left` columns left-aligned, the rest right-aligned (numbers)."""
+    align = [":--"] * left + ["--:"] * (len(header) - left)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return NOT_MEASURED
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.3g}"
+
+
+def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
+    info = info or RunInfo()
+    lines = ["# flowc benchmarks", ""]
+    lines += _preamble(summary, info)
+    for section in (_steps_section, _gflops_section, _sgemm_section, _ratio_section, _first_call_section,
+                    _io_section, _targets_section):
+        body = section(summary, info)
+        if body:
+            lines += [""] + body
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(summary: Summary, info: RunInfo) -> list[str]:
+    threads = f"{info.threads} threads" if info.threads else "the same threads"
+    parts = [f"Batch 100, float32, {threads} for every framework; {summary.rounds} round(s), the frameworks "
+             "alternating A B A B, each in its own process."]
+    if info.machine:
+        parts.append(f"Run {info.date} on {info.machine}.")
+    if info.load:
+        parts.append(f"Load average {info.load}.")
+    if info.environment:
+        parts.append("Environment: " + ", ".join(f"`{k}={v}`" for k, v in info.environment.items()) + ".")
+    parts.append(f"Measured: {', '.join(_label(f) for f in summary.frameworks) or 'nothing'}.")
+    parts += [f"Not measured: {_label(f)} ({why})." for f, why in info.missing.items()]
+    lines = [" ".join(parts)]
+    if info.warning:
+        lines += ["", f"**Warning:** {info.warning}"]
+    return lines
+
+
+def _steps_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.steps:
+        return []
+    header = ["workload", "GFLOP/step"] + [_label(f) for f in summary.frameworks]
+    rows = []
+    for workload, per in summary.steps.items():
+        gflop = summary.gflop_per_step.get(workload)
+        rows.append([_title(workload), f"{gflop:.3f}" if gflop else NOT_MEASURED]
+                    + [_rate(per.get(f)) for f in summary.frameworks])
+    return ["## Steps per second (median over rounds)", ""] + _table(header, rows)
+
+
+def _gflops_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.gflops:
+        return []
+    ceiling = summary.ceiling
+    title = "## Achieved GFLOP/s"
+    if ceiling:
+        title += f" (% of the sgemm ceiling, {ceiling[1]:.0f} GFLOP/s)"
+    rows = []
+    for workload, per in summary.gflops.items():
+        cells = [_title(workload)]
+        for f in summary.frameworks:
+            value = per.get(f)
+            if value is None:
+                cells.append(NOT_MEASURED)
+            elif ceiling:
+                cells.append(f"{value:.1f} ({value / ceiling[1]:.0%})")
+            else:
+                cells.append(f"{value:.1f}")
+        rows.append(cells)
+    return [title, ""] + _table(["workload"] + [_label(f) for f in summary.frameworks], rows)
+
+
+def _sgemm_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.sgemm:
+        return []
+    size = f"{info.sgemm_size}³ " if info.sgemm_size else ""
+    rows = [[_label(f) + (" (own GEMM)" if f == REFERENCE_FRAMEWORK else ""), f"{v:.1f}"]
+            for f, v in summary.sgemm.items()]
+    ceiling = summary.ceiling
+    assert ceiling is not None
+    return ([f"## sgemm ceiling ({size}float32 product, same run)", ""]
+            + _table(["framework", "GFLOP/s"], rows)
+            + ["", f"Ceiling: {ceiling[1]:.1f} GFLOP/s ({_label(ceiling[0])})."])
+
+
+def _ratio_section(summary: Summary, info: RunInfo) -> list[str]:
+    peers = [f for f in summary.frameworks if f != REFERENCE_FRAMEWORK]
+    if not summary.ratios or not peers:
+        return []
+    rows = []
+    for workload, per in summary.ratios.items():
+        cells = [_title(workload)]
+        for peer in peers:
+            ratio = per.get(peer)
+            target = ratio_target(workload, peer)
+            if ratio is None:
+                cells.append(NOT_MEASURED)
+            elif target is None:
+                cells.append(f"{ratio:.2f}×")
+            else:
+                cells.append(f"{ratio:.2f}× (target ≥ {target.minimum:g} {MARK[ratio >= target.minimum]})")
+        rows.append(cells)
+    return (["## flowc / peer, steps/s (median of the per-round ratios; > 1: flowc faster)", ""]
+            + _table(["workload"] + [_label(p) for p in peers], rows))
+
+
+def _first_call_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.first_call:
+        return []
+    frameworks = [f for f in summary.frameworks
+                  if any(f in per for caches in summary.first_call.values() for per in caches.values())]
+    rows = []
+    for workload, caches in summary.first_call.items():
+        for cache, per in caches.items():
+            cells = [_title(workload), cache]
+            for f in frameworks:
+                seconds = per.get(f)
+                cells.append(NOT_MEASURED if seconds is None else f"{seconds:.2f}")
+            rows.append(cells)
+    notes = ["", "Seconds from the first call of a step to its result (trace + compile + run) in a fresh "
+             "process; cold: empty compile cache, warm: the cache an earlier process filled "
+             "(`flowc compile` fills it the same way). Frameworks without an on-disk cache have no warm row."]
+    for workload, per in summary.warm_compilations.items():
+        counts = ", ".join(f"{_label(f)} {n}" for f, n in per.items())
+        notes += ["", f"Compilations in the warm {_title(workload)} process: {counts}."]
+    return (["## First call (seconds, median)", ""]
+            + _table(["workload", "cache"] + [_label(f) for f in frameworks], rows, left=2) + notes)
+
+
+def _io_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.io:
+        return []
+    rows = []
+    for framework, per in summary.io.items():
+        speedup = per.get("speedup")
+        rows.append([_label(framework), _rate(per.get("sync")), _rate(per.get("async")),
+                     NOT_MEASURED if speedup is None else f"{speedup:.2f}×"])
+    return (["## MLP train with I/O-like host work per step (steps/s)", "",
+             "Each step first waits as long as the framework's own step takes (a data loader waiting "
+             "on I/O); asynchronous calls overlap that wait with the previous step (ideal: 2×).", ""]
+            + _table(["framework", "sync", "async", "async / sync"], rows))
+
+
+def _targets_section(summary: Summary, info: RunInfo) -> list[str]:
+    rows = [[c.target, c.measured, MARK[c.met]] for c in evaluate(summary)]
+    return ["## Targets", ""] + _table(["target", "measured", "met"], rows, left=1)
