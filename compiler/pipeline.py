@@ -180,7 +180,7 @@ def build_lowered(program: Program, records: list[PassRecord], timings: dict[str
     generated = generate(program, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
-    built = build_shared_library(generated.source, name=program.graph.name)
+    built = build_shared_library(generated.source, name=program.graph.name, units=generated.parts)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records)
     if os.environ.get("FLOWC_DEBUG"):

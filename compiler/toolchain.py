@@ -257,7 +257,7 @@ class BuildResult:
 
 
 def build_shared_library(
-    source: str, *, name: str, cache: KernelCache | None = None
+    source: str, *, name: str, cache: KernelCache | None = None, units: list[str] | None = None
 ) -> BuildResult:
     """Compile ``source`` into a shared library through the kernel cache.
 
@@ -266,6 +266,11 @@ def build_shared_library(
     Safe to call from several processes at once: one compiles, the others wait
     and reuse its result.  With ``FLOWC_DEBUG=1`` each miss, its reason and the
     compile time are printed to stderr.
+
+    ``units`` (optional) are translation units equivalent to ``source`` together; they are
+    compiled in parallel and linked, which shortens the build on several cores.  ``source``
+    alone decides the cache key, and a failing unit is rebuilt from ``source`` whole so the
+    diagnostics point at the file users read.
 
     Raises :class:`ToolchainError` when the compiler is missing, OpenMP is
     missing, or the source does not compile (the message includes the
@@ -291,8 +296,11 @@ def build_shared_library(
         out = tmp / _cache.LIBRARY_FILE
         src.write_text(source)
         argv = cxx_command(src, out)
-        _debug("$ " + shlex.join(argv))
         t = time.perf_counter()
+        if units and _build_in_parts(tmp, units, out):
+            _debug(f"compiled {name!r} in {len(units)} parallel parts in {time.perf_counter() - t:.2f}s")
+            return
+        _debug("$ " + shlex.join(argv))
         proc = _run(argv)
         _debug(f"compiled {name!r} in {time.perf_counter() - t:.2f}s")
         if proc.returncode != 0:
@@ -310,6 +318,30 @@ def build_shared_library(
         source_path=entry.source,
         miss_reason=miss_reason[0] if miss_reason else None,
     )
+
+
+def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
+    """Compile `units` at once (one g++ each) and link them into `out`; False if any step failed."""
+    objects, procs = [], []
+    for i, text in enumerate(units):
+        src, obj = tmp / f"part{i}.cpp", tmp / f"part{i}.o"
+        src.write_text(text)
+        argv = [a for a in cxx_command(src, obj) if a != "-shared"]
+        argv.insert(len(argv) - 3, "-c")
+        _debug("$ " + shlex.join(argv))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        objects.append(obj)
+    ok = all(p.wait() == 0 for p in procs)
+    for p in procs:
+        p.stderr.close()
+    if ok:
+        link = [*find_compiler(), "-shared", "-fopenmp", *map(str, objects), "-o", str(out)]
+        _debug("$ " + shlex.join(link))
+        ok = _run(link).returncode == 0
+    for i in range(len(units)):
+        (tmp / f"part{i}.cpp").unlink(missing_ok=True)
+        (tmp / f"part{i}.o").unlink(missing_ok=True)
+    return ok
 
 
 def _compile_error(

@@ -86,3 +86,9 @@ def FixedTensorDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802
                    DeprecationWarning, stacklevel=2)
     from runtime.signature import NumpyPlaceholder
     return NumpyPlaceholder(shape, dtype)
+
+
+# The compiler and the step runtime load with `flow`, as a framework's kernels load with it: a
+# job's first call then spends its time tracing and compiling, not importing (about 0.25 s).
+import compiler.pipeline as _pipeline  # noqa: E402,F401
+import runtime.executor as _executor  # noqa: E402,F401

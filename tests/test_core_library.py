@@ -2,6 +2,7 @@
 step libraries leave the GEMM to it (which is what keeps a step's compile short)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -38,3 +39,32 @@ def test_a_step_library_leaves_the_gemm_to_the_core():
     undefined = [line for line in symbols.splitlines() if " U " in line and "gemm_f32_core" in line]
     assert undefined, "the step should call the core's gemm_f32_core, not contain its own GEMM"
     assert "f32_tile" not in symbols
+
+
+def test_a_step_compiles_as_parallel_parts_that_partition_its_kernels(monkeypatch):
+    import compiler.codegen.cpu as cpu
+    monkeypatch.setattr(cpu, "COMPILE_PARTS", 2)
+
+    @flow.global_function(type="predict")
+    def chain(x: tp.Numpy.Placeholder((32, 48), dtype=flow.float)) -> tp.Numpy:
+        w = flow.get_variable("parts-w", shape=(48, 48), initializer=flow.ones_initializer())
+        h = flow.nn.relu(flow.matmul(x, w))
+        return flow.math.reduce_sum(flow.nn.softmax(flow.matmul(h, w) * 0.001), axis=1) + flow.math.reduce_max(h)
+
+    lowered = chain.lower()
+    from compiler.pipeline import generate
+    generated = generate(lowered.program)
+    kernels = [k.name for k in lowered.program.kernels]
+    assert len(kernels) >= cpu.MIN_KERNELS_TO_SPLIT and len(generated.parts) == 2
+    for name in kernels:     # each kernel defined in exactly one part (the others may declare it)
+        definition = re.compile(rf"FLOWC_KERNEL (void|int) {name}\([^;{{]*\) {{")
+        assert sum(bool(definition.search(p)) for p in generated.parts) == 1, name
+    assert [('extern "C" int flowc_step' in p) for p in generated.parts] == [False, True]
+    x = np.random.default_rng(1).standard_normal((32, 48)).astype(np.float32)
+    compiled = lowered.compile()
+    assert 'extern "C" int flowc_step' in compiled.source()
+    h = np.maximum(x @ np.ones((48, 48), np.float32), 0)
+    z = (h @ np.ones((48, 48), np.float32)) * 0.001
+    soft = np.exp(z - z.max(1, keepdims=True))
+    soft /= soft.sum(1, keepdims=True)
+    np.testing.assert_allclose(chain(x), soft.sum(1) + h.max(), rtol=1e-4)

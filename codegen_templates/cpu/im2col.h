@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace flowc {
 
@@ -25,7 +26,7 @@ inline void valid_columns(const ConvGeometry& g, int64_t j, int64_t& lo, int64_t
 }
 
 template <class T>
-inline void im2col(const ConvGeometry& g, const T* x, T* col) {
+inline void im2col_generic(const ConvGeometry& g, const T* x, T* col) {
   const int64_t P = g.OH * g.OW;
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t i = 0; i < g.KH; ++i)
@@ -56,7 +57,7 @@ inline void im2col(const ConvGeometry& g, const T* x, T* col) {
 
 // The adjoint of im2col: adds each column entry back onto the input pixel it came from.
 template <class T>
-inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {
+inline void col2im_add_generic(const ConvGeometry& g, const T* col, T* x) {
   const int64_t P = g.OH * g.OW;
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t i = 0; i < g.KH; ++i)
@@ -78,6 +79,42 @@ inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {
           }
         }
       }
+}
+
+// float im2col/col2im are compiled once into the core library (see flowc_core.cpp): inlined into
+// every convolution kernel of a step, their vectorised loops were most of a LeNet step's compile.
+#if defined(FLOWC_CORE_LIBRARY) && !defined(FLOWC_CORE_IMPLEMENTATION)
+void im2col_f32(const ConvGeometry& g, const float* x, float* col);
+void col2im_add_f32(const ConvGeometry& g, const float* col, float* x);
+#elif defined(FLOWC_CORE_IMPLEMENTATION)
+__attribute__((visibility("default"))) void im2col_f32(const ConvGeometry& g, const float* x, float* col) {
+  im2col_generic(g, x, col);
+}
+__attribute__((visibility("default"))) void col2im_add_f32(const ConvGeometry& g, const float* col, float* x) {
+  col2im_add_generic(g, col, x);
+}
+#endif
+
+template <class T>
+inline void im2col(const ConvGeometry& g, const T* x, T* col) {
+#ifdef FLOWC_CORE_LIBRARY
+  if constexpr (std::is_same<T, float>::value) {
+    im2col_f32(g, reinterpret_cast<const float*>(x), reinterpret_cast<float*>(col));
+    return;
+  }
+#endif
+  im2col_generic(g, x, col);
+}
+
+template <class T>
+inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {
+#ifdef FLOWC_CORE_LIBRARY
+  if constexpr (std::is_same<T, float>::value) {
+    col2im_add_f32(g, reinterpret_cast<const float*>(col), reinterpret_cast<float*>(x));
+    return;
+  }
+#endif
+  col2im_add_generic(g, col, x);
 }
 
 }  // namespace flowc

@@ -8,28 +8,29 @@ from `bindings` once per loaded job.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+import os
+from dataclasses import dataclass, field
 from typing import Callable
 
-import jinja2
 import numpy as np
 
-import codegen_templates
+from compiler.codegen.templates import environment
 from compiler.ir import Graph, c_type
 from compiler.ops import OPS
 from compiler.ops.pointwise import broadcast_strides
 from compiler.passes.fusion import Kernel
 from compiler.passes.memory import MemoryPlan
 
-TEMPLATE_DIR = Path(codegen_templates.__file__).parent / "cpu"
 # Below this many elements a loop runs on one thread: waking the OpenMP team costs
 # a few microseconds, more than a small loop takes.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 REDUCTION_BLOCK = 64
+# A step with this many kernels or more compiles as that many translation units at once (one per
+# core; g++ spends most of a step's build optimising kernel bodies, which parallelises perfectly).
+COMPILE_PARTS = max(1, min(4, os.cpu_count() or 1))
+MIN_KERNELS_TO_SPLIT = 4
 
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
-                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
+_env = environment("cpu")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class GeneratedStep:
     bindings: list[tuple]          # ptr slot -> ("arena",) | ("input", i) | ("variable", name) | ("scalar", name)
     error_nodes: dict[int, int]    # error code -> node id
     profiled_kernels: list[str]    # kernel names, in call order, when built with per-kernel timers
+    # The same step as translation units that compile in parallel (the last one holds flowc_step);
+    # empty when `source` is compiled whole.  `source` stays the one file users read.
+    parts: list[str] = field(default_factory=list)
 
 
 class _Params:
@@ -148,14 +152,22 @@ class CppGenerator:
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
         uses_conv = any(k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv2d")
                         for k in self.kernels)
-        source = _env.get_template("step.cpp.j2").render(
-            version=self.version, job=self.graph.name, kernels=kernels, calls=calls, copy_backs=copy_backs,
-            profile=self.profile,
-            uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),   # convs run on the GEMM
-            uses_conv=uses_conv,
-            bindings=[_describe_binding(b) for b in self.bindings])
+        common = dict(version=self.version, job=self.graph.name, calls=calls, copy_backs=copy_backs,
+                      profile=self.profile,
+                      uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),  # convs run on the GEMM
+                      uses_conv=uses_conv, bindings=[_describe_binding(b) for b in self.bindings])
+        step = _env.get_template("step.cpp.j2")
+        source = step.render(kernels=kernels, split=False, with_step=True, prototypes=[], **common)
+        parts = []
+        groups = _split_for_compilers(kernels, COMPILE_PARTS)
+        if len(groups) > 1:
+            last = set(groups[-1])
+            parts = [step.render(kernels=[kernels[i] for i in g], split=True, with_step=g is groups[-1],
+                                 prototypes=[_prototype(kernels[i]) for i in range(len(kernels)) if i not in last]
+                                 if g is groups[-1] else [], **common)
+                     for g in groups]
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes),
-                             [k.name for k in self.kernels] if self.profile else [])
+                             [k.name for k in self.kernels] if self.profile else [], parts)
 
     def pointer_for_variable(self, var: str, node: int) -> str:
         t = c_type(self.graph.node(node).type.dtype)
@@ -438,3 +450,22 @@ def _literal(value) -> str:
 
 def _describe_binding(b: tuple) -> str:
     return "the arena" if b[0] == "arena" else f"{b[0]} {b[1]!r}"
+
+
+def _split_for_compilers(kernels: list[str], parts: int) -> list[list[int]]:
+    """Kernel indices in `parts` groups of about equal source length (the proxy for compile time)."""
+    if parts < 2 or len(kernels) < MIN_KERNELS_TO_SPLIT:
+        return [list(range(len(kernels)))]
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    sizes = [0] * parts
+    for i in sorted(range(len(kernels)), key=lambda i: -len(kernels[i])):
+        g = sizes.index(min(sizes))
+        groups[g].append(i)
+        sizes[g] += len(kernels[i])
+    return [sorted(g) for g in groups if g]
+
+
+def _prototype(kernel_source: str) -> str:
+    """`void name(params)` of a rendered kernel, whose definition begins `FLOWC_KERNEL void name(...) {`."""
+    start = kernel_source.index("FLOWC_KERNEL ") + len("FLOWC_KERNEL ")
+    return kernel_source[start:kernel_source.index(") {", start) + 1]

@@ -21,20 +21,17 @@ their data (labels out of range) raise with atomicMax.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import jinja2
 import numpy as np
 
-import codegen_templates
 from compiler.codegen.cpu import CppGenerator, _coalesce, _describe_binding, _key, _Params, _term
 from compiler.cuda_toolchain import arch_number
+from compiler.codegen.templates import environment
 from compiler.ir import Graph, c_type
 from compiler.ops import OPS
 from compiler.passes.fusion import Kernel
 from compiler.passes.memory import MemoryPlan
 
-TEMPLATE_DIR = Path(codegen_templates.__file__).parent / "cuda"
 BLOCK = 256                # threads of the elementwise and row kernels
 ROWS_PER_BLOCK = BLOCK // 32   # row kernels give each row one warp
 MAX_GRID = 65535           # grid-stride loops cover the rest; also the y/z limit
@@ -44,8 +41,7 @@ SPLIT_CHUNK = 2048         # filter gradient: reduction elements per split (see 
 MAX_SPLITS = 64
 INT32_SAFE = 1 << 30       # index ranges below this use 32-bit arithmetic (with room for grid-stride overshoot)
 
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
-                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
+_env = environment("cuda")
 
 
 class CudaCodegenError(ValueError):
