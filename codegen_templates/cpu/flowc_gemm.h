@@ -81,8 +81,13 @@
 //   100x512x10   1.0 MFLOP   17   vs 12   us
 // so the three ~1 MFLOP products of the MLP backward/logits do gain from 2 threads when the team
 // is warm; the threshold sits at the measured break-even. Override with -DFLOWC_GEMM_PAR_MIN_FLOPS=.
+// On the 2-vCPU VM that runs the benchmarks the team is rarely warm, though: between two steps
+// (Python feeding the next call) the worker parks, and waking it costs 50-150 us there. Measured
+// inside the MLP train step (FLOWC_PROFILE, 2000 steps), the three 1 MFLOP products took 75-140 us
+// each on 2 threads against 30-45 us on one, so the threshold is 4 MFLOP: the products that gain
+// from a second core by more than a wake-up (the 80 MFLOP ones: 1.1 -> 0.8 ms) still get it.
 #ifndef FLOWC_GEMM_PAR_MIN_FLOPS
-#define FLOWC_GEMM_PAR_MIN_FLOPS 500000.0
+#define FLOWC_GEMM_PAR_MIN_FLOPS 4000000.0
 #endif
 
 // Tiles are claimed from a shared counter (1) rather than split statically (0). On a 2-vCPU box

@@ -21,9 +21,11 @@ from compiler.ops.pointwise import broadcast_strides
 from compiler.passes.fusion import Kernel
 from compiler.passes.memory import MemoryPlan
 
-# Below this many elements a loop runs on one thread: waking the OpenMP team costs
-# a few microseconds, more than a small loop takes.
-PARALLEL_MIN_ELEMENTS = 1 << 15
+# Below this many elements a loop runs on one thread: waking the OpenMP team costs more than a
+# small loop takes (a few microseconds on an idle machine with the team spinning, 50-150 us on the
+# 2-vCPU VM once the worker has parked; the MLP's 51,200-element bias-gradient reduction took
+# 85-140 us on 2 threads against 14-28 us on one).
+PARALLEL_MIN_ELEMENTS = 1 << 18
 REDUCTION_BLOCK = 64
 # A step with this many kernels or more compiles as that many translation units at once (one per
 # core; g++ spends most of a step's build optimising kernel bodies, which parallelises perfectly).
