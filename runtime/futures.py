@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import warnings
 import weakref
@@ -74,18 +75,25 @@ class CallbackRegistrar:
     def __init__(self, call: Call) -> None:
         self._call = call
         self._used = False
-        # Dropped without registering: the callback actor must not wait for it.
-        weakref.finalize(self, _decide_if_pending, call)
+        # Dropped without registering: the callback actor must not wait for it.  Detached once a
+        # callback is registered, so the usual call runs no finalizer: a Ctrl-C that lands inside
+        # one is swallowed ("Exception ignored"), and the program would not stop.
+        self._finalizer = weakref.finalize(self, _decide_if_pending, call)
 
     def __call__(self, callback: Callable) -> None:
         if self._used:
             raise RuntimeError(f"job {self._call.job.name!r}: a callback is already registered for this call")
         check_callback(callback, f"job {self._call.job.name!r}")
         self._used = True
+        self._finalizer.detach()
         self._call.decide(callback)
 
 
 def _decide_if_pending(call: Call) -> None:
+    # At exit after Ctrl-C the pipeline abandons its backlog anyway, and the interrupt may have left
+    # this call's event lock held (it can land inside Event.set): deciding now could block forever.
+    if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        return
     if not call.decided.is_set():
         call.decide(None)
 

@@ -221,6 +221,10 @@ class JobFunction:
         if self.job_type == "train":
             session.train_steps[self.name] = session.train_steps.get(self.name, 0) + 1
         layout = self._traced.layout
+        if synchronous:
+            outputs = pipeline.run_now(self, slot)
+            if outputs is not None:
+                return rebuild_result(layout, outputs)
         if self.old_api:
             call = Call(self, slot, lambda outs: rebuild_result(layout, outs, LocalBlob))
         else:

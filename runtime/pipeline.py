@@ -29,6 +29,9 @@ class Pipeline:
         self.callbacks = Actor(f"{name}-callbacks", self._run_callback)
         self._cond = threading.Condition()
         self._outstanding = 0
+        # Steps run one at a time, on the compute actor or, for a synchronous call made while
+        # nothing is in flight, on the caller's thread (see run_now).
+        self._compute_lock = threading.Lock()
         self._errors: deque[BaseException] = deque()
         self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
         ref = weakref.ref(self)
@@ -41,6 +44,24 @@ class Pipeline:
             self._outstanding += 1
         self.compute.post(call)
 
+    def run_now(self, job, slot) -> list | None:
+        """Run a synchronous call's step on the caller's thread if nothing is in flight, and return
+        its outputs; None when busy (submit it instead).  The actor would have run it next anyway,
+        so order is unchanged; the caller saves two thread hand-offs (0.1 ms of a 0.7 ms MLP step on
+        the 2-vCPU VM).  A call that other threads post meanwhile waits for the compute lock."""
+        with self._cond:
+            if self._outstanding:
+                return None
+            self._outstanding += 1
+        try:
+            if self._abandoned:
+                raise KeyboardInterrupt("abandoned at interpreter exit")
+            with self._compute_lock:
+                return job.loaded.compute(slot)
+        finally:
+            job.register.release(slot)
+            self._finished()
+
     def _finished(self) -> None:
         with self._cond:
             self._outstanding -= 1
@@ -52,7 +73,8 @@ class Pipeline:
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
-            call.outputs = call.job.loaded.compute(call.slot)
+            with self._compute_lock:
+                call.outputs = call.job.loaded.compute(call.slot)
         except BaseException as err:      # kept for the caller or the next sync point
             call.error = err
         finally:
@@ -116,8 +138,12 @@ class Pipeline:
         if isinstance(interrupted, KeyboardInterrupt):
             pending = self._outstanding
             self._abandoned = True
+            # Wait for the step in progress through the compute lock rather than for the in-flight
+            # count: Ctrl-C may have landed between two updates of that count, which then never
+            # reaches zero.  The lock stays held, so no step starts while the interpreter tears down.
             try:
-                self.wait_idle()
+                while not self._compute_lock.acquire(timeout=0.1):
+                    pass
             except KeyboardInterrupt:
                 return
             if pending:

@@ -21,12 +21,20 @@ class Register:
 
     def acquire(self):
         """A free slot; blocks (interruptibly, e.g. by Ctrl-C) while the pipeline is full."""
-        with self._cond:
-            while not self._free:
-                self._cond.wait(timeout=0.1)
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            return self._free.popleft()
+        try:
+            with self._cond:
+                while not self._free:
+                    self._cond.wait(timeout=0.1)
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                return self._free.popleft()
+        except KeyboardInterrupt:
+            # Ctrl-C can land inside the `with`'s exit, after wait() took the lock back and before it
+            # is released; the compute actor would then block on it forever and the exit drain with
+            # it (seen about once in 25 interrupted runs).  The condition's RLock knows its owner.
+            while self._cond._is_owned():
+                self._cond.release()
+            raise
 
     def release(self, slot) -> None:
         with self._cond:
