@@ -213,18 +213,19 @@ class JobFunction:
         done = session.train_steps.get(self.name, 0)     # each train job counts its own steps, as in OneFlow
         scalars = _runtime_scalars(self._traced, done)
         slot = self.register.acquire()
+        layout = self._traced.layout
+        if synchronous:
+            self._count_step(session, done + 1)     # a step that raises still counts, as before
+            outputs = pipeline.run_now(self, slot, arrays, scalars)   # None: calls in flight
+            if outputs is not None:
+                return rebuild_result(layout, outputs)
+            self._count_step(session, done)
         try:
             loaded.feed(slot, arrays, scalars)   # inputs are copied now: the caller may reuse its arrays
         except BaseException:
             self.register.release(slot)
             raise
-        if self.job_type == "train":
-            session.train_steps[self.name] = session.train_steps.get(self.name, 0) + 1
-        layout = self._traced.layout
-        if synchronous:
-            outputs = pipeline.run_now(self, slot)
-            if outputs is not None:
-                return rebuild_result(layout, outputs)
+        self._count_step(session, done + 1)
         if self.old_api:
             call = Call(self, slot, lambda outs: rebuild_result(layout, outs, LocalBlob))
         else:
@@ -237,6 +238,10 @@ class JobFunction:
         if self.old_api:
             return JobFuture(call, pipeline)
         return call.value()
+
+    def _count_step(self, session, steps: int) -> None:
+        if self.job_type == "train":
+            session.train_steps[self.name] = steps
 
     def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
         names = [p.name for p in self.placeholders]

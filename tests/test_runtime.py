@@ -344,3 +344,26 @@ def test_ctrl_c_does_not_hang():
         proc.kill()
         pytest.fail("the process did not end within 20 s of Ctrl-C")
     assert proc.returncode is not None
+
+
+@flow.global_function(type="predict")
+def reshaped_input(x: tp.Numpy.Placeholder((4, 6))) -> Tuple[tp.Numpy, tp.Numpy]:
+    return flow.reshape(x, [24]), x * 2.0
+
+
+def test_synchronous_calls_read_the_callers_arrays_without_changing_or_returning_them():
+    # An idle pipeline runs a synchronous call on the caller's thread, reading its arrays in place;
+    # a result that is a view of a placeholder must still be a fresh copy, never the caller's array.
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    before = x.copy()
+    flat, doubled = reshaped_input(x)
+    np.testing.assert_array_equal(flat, before.ravel())
+    np.testing.assert_array_equal(doubled, before * 2)
+    assert not np.shares_memory(flat, x) and not np.shares_memory(doubled, x)
+    np.testing.assert_array_equal(x, before)
+    flat[:] = -1                                        # the results are the caller's to change
+    np.testing.assert_array_equal(reshaped_input(x)[0], before.ravel())
+    # non-contiguous and float64 inputs take the copying path and give the same values
+    wide = np.zeros((4, 12), np.float64)
+    wide[:, ::2] = before
+    np.testing.assert_array_equal(reshaped_input(wide[:, ::2])[1], before * 2)
