@@ -231,6 +231,13 @@ class CudaLoadedStep:
                 cuda.memcpy_htod_async(slot.device_scalars[name], host, self.copy_stream)
             slot.fed.record(self.copy_stream)
 
+    def compute_borrowed(self, slot: CudaSlot, arrays: Sequence[np.ndarray],
+                         scalars: dict[str, float] | None = None) -> list[np.ndarray]:
+        """A synchronous call run on the caller's thread (see Pipeline.run_now).  A GPU step reads
+        its inputs from device memory, so they go through the pinned staging buffers as usual."""
+        self.feed(slot, arrays, scalars)
+        return self.compute(slot)
+
     def compute(self, slot: CudaSlot) -> list[np.ndarray]:
         """Run the step on `slot` and return copies of its outputs (waits for the GPU)."""
         profiling = bool(self._profiled)
