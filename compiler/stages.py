@@ -125,7 +125,7 @@ class Compiled:
 
     @property
     def device(self) -> str:
-        return getattr(self.step, "device", "cpu")
+        return self.step.device
 
     @property
     def from_cache(self) -> bool:

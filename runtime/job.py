@@ -214,18 +214,17 @@ class JobFunction:
         scalars = _runtime_scalars(self._traced, done)
         slot = self.register.acquire()
         layout = self._traced.layout
+        self._count_step(session, done + 1)         # a step that raises still counts
         if synchronous:
-            self._count_step(session, done + 1)     # a step that raises still counts, as before
             outputs = pipeline.run_now(self, slot, arrays, scalars)   # None: calls in flight
             if outputs is not None:
                 return rebuild_result(layout, outputs)
-            self._count_step(session, done)
         try:
             loaded.feed(slot, arrays, scalars)   # inputs are copied now: the caller may reuse its arrays
         except BaseException:
             self.register.release(slot)
+            self._count_step(session, done)         # no step was made
             raise
-        self._count_step(session, done + 1)
         if self.old_api:
             call = Call(self, slot, lambda outs: rebuild_result(layout, outs, LocalBlob))
         else:

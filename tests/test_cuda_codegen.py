@@ -442,18 +442,13 @@ def emulated_cases(emulator):
 @needs_gxx
 @pytest.mark.parametrize("name", EMULATED_CASES)
 def test_cuda_kernels_equal_the_reference_in_the_emulator(name, emulator, emulated_cases):
-    from tests.test_ops import assert_close
+    from tests.test_ops import assert_outputs_match
     cases, lib = emulated_cases
     program, step, feeds = cases[name]
     got, status = replay(emulator, lib, program, step, feeds, {}, {})
     want, _ = run_reference(program.graph, feeds, {})
     assert status == 0
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if w.dtype.kind == "f":
-            assert_close(g, w, 1e-5 if w.dtype == np.float32 else 1e-12)
-        else:
-            np.testing.assert_array_equal(g, w)
+    assert_outputs_match(got, want)
 
 
 @needs_gxx

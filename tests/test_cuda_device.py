@@ -24,7 +24,7 @@ from compiler.reference import run_reference  # noqa: E402
 from runtime.datasets import load_mnist_sample  # noqa: E402
 from runtime.session import Session, default_session  # noqa: E402
 from tests.oracle import cotangents, trace_case  # noqa: E402
-from tests.test_ops import CASES, assert_close  # noqa: E402
+from tests.test_ops import CASES, assert_close, assert_outputs_match  # noqa: E402
 
 GEMM_CASES = sorted(n for n in CASES if n.startswith(("matmul", "conv")))
 
@@ -45,13 +45,7 @@ def run_on_gpu(name: str, session: Session | None = None):
 def test_every_op_and_its_gradient_on_the_gpu_equals_the_reference(name):
     compiled, got, want = run_on_gpu(name)
     assert compiled.device == "gpu" and not compiled.generated.tensor_cores
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if w.dtype.kind == "f":
-            assert_close(g, w, 1e-5 if w.dtype == np.float32 else 1e-12)
-        else:
-            np.testing.assert_array_equal(g, w)
+    assert_outputs_match(got, want)
 
 
 @pytest.mark.parametrize("name", GEMM_CASES)

@@ -133,18 +133,23 @@ def assert_close(actual, expected, rtol):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * max(scale, 1e-30))
 
 
+def assert_outputs_match(got, want) -> None:
+    """A step's outputs against the reference's: same shapes and dtypes; floats within 1e-5 (float32)
+    or 1e-12 (float64) of the largest value, integers exactly."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if w.dtype.kind == "f":
+            assert_close(g, w, 1e-5 if w.dtype == np.float32 else 1e-12)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiled_equals_reference(name):
     fn, inputs = CASES[name]
     case = compile_case(fn, inputs)
-    assert len(case.compiled) == len(case.reference)
-    for got, want in zip(case.compiled, case.reference):
-        assert got.shape == want.shape and got.dtype == want.dtype
-        rtol = 1e-5 if want.dtype == np.float32 else 1e-12
-        if want.dtype.kind == "f":
-            assert_close(got, want, rtol)
-        else:
-            np.testing.assert_array_equal(got, want)
+    assert_outputs_match(case.compiled, case.reference)
 
 
 DIFFERENTIABLE = [n for n in sorted(CASES) if n not in ("argmax", "argmax_axis0", "cast_f32_i32", "cast_i32_f32")]

@@ -241,35 +241,22 @@ class CppGenerator:
 
     def _kernel_matmul(self, k: Kernel, params: _Params):
         a = self.graph.node(k.anchor)
-        ta, tb = a.attr("transpose_a"), a.attr("transpose_b")
         A, B = a.inputs
-        ashape, bshape = self.graph.node(A).type.shape, self.graph.node(B).type.shape
-        M, N = a.type.shape[-2], a.type.shape[-1]
-        K = ashape[-2] if ta else ashape[-1]
-        batch = 1
-        for d in a.type.shape[:-2]:
-            batch *= d
+        g = matmul_geometry(self.graph, a)
+        ta, tb = g.trans_a, g.trans_b
         epilogue = []
         if k.members:
             epilogue = self.pointwise_lines(k, k.members, params, lambda s: _gemm_offset(s), anchor_value="acc")
         ctx = dict(name=k.name, comment=self._comment(k), T=c_type(a.type.dtype),
-                   M=M, N=N, K=K, batch=batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
-                   lda=ashape[-1], ldb=bshape[-1], ta="true" if ta else "false", tb="true" if tb else "false",
+                   M=g.M, N=g.N, K=g.K, batch=g.batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
+                   lda=g.lda, ldb=g.ldb, ta="true" if ta else "false", tb="true" if tb else "false",
                    epilogue=epilogue)
         return _env.get_template("matmul.cpp.j2").render(params=params.declarations(), **ctx), False
 
     def _kernel_reduction(self, k: Kernel, params: _Params):
         a = self.graph.node(k.anchor)
         x = self.graph.node(a.inputs[0])
-        axes = a.attr("axes")
-        outer = reduced = inner = 1
-        for d, n in enumerate(x.type.shape):
-            if d < axes[0]:
-                outer *= n
-            elif d <= axes[-1]:
-                reduced *= n
-            else:
-                inner *= n
+        outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
         rule = OPS[a.op]
         t = c_type(a.type.dtype)
         epilogue = []
@@ -452,6 +439,41 @@ def _literal(value) -> str:
 
 def _describe_binding(b: tuple) -> str:
     return "the arena" if b[0] == "arena" else f"{b[0]} {b[1]!r}"
+
+
+@dataclass(frozen=True)
+class MatmulGeometry:
+    """A (batched) matmul node's GEMM: C[M, N] = op(A)[M, K] op(B)[K, N], `batch` times."""
+    M: int
+    N: int
+    K: int
+    batch: int
+    lda: int
+    ldb: int
+    trans_a: bool
+    trans_b: bool
+
+
+def matmul_geometry(graph: Graph, node) -> MatmulGeometry:
+    """The GEMM a matmul node asks for (both code generators lower it from this)."""
+    ta, tb = node.attr("transpose_a"), node.attr("transpose_b")
+    ashape, bshape = (graph.node(i).type.shape for i in node.inputs)
+    return MatmulGeometry(M=node.type.shape[-2], N=node.type.shape[-1], K=ashape[-2] if ta else ashape[-1],
+                          batch=int(np.prod(node.type.shape[:-2], dtype=np.int64)),
+                          lda=ashape[-1], ldb=bshape[-1], trans_a=bool(ta), trans_b=bool(tb))
+
+
+def reduction_extents(shape: tuple, axes) -> tuple[int, int, int]:
+    """(outer, reduced, inner) sizes of a reduction over the contiguous `axes` of `shape`."""
+    outer = reduced = inner = 1
+    for d, n in enumerate(shape):
+        if d < axes[0]:
+            outer *= n
+        elif d <= axes[-1]:
+            reduced *= n
+        else:
+            inner *= n
+    return outer, reduced, inner
 
 
 def _split_for_compilers(kernels: list[str], parts: int) -> list[list[int]]:

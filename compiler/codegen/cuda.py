@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.codegen.cpu import CppGenerator, _coalesce, _describe_binding, _key, _Params, _term
+from compiler.codegen.cpu import (CppGenerator, _coalesce, _describe_binding, _key, _Params, _term,
+                                  matmul_geometry, reduction_extents)
 from compiler.cuda_toolchain import arch_number
 from compiler.codegen.templates import environment
 from compiler.ir import Graph, c_type
@@ -204,15 +205,7 @@ class CudaGenerator(CppGenerator):
     def _reduction(self, k: Kernel, params: _CudaParams):
         a = self.graph.node(k.anchor)
         x = self.graph.node(a.inputs[0])
-        axes = a.attr("axes")
-        outer = reduced = inner = 1
-        for d, n in enumerate(x.type.shape):
-            if d < axes[0]:
-                outer *= n
-            elif d <= axes[-1]:
-                reduced *= n
-            else:
-                inner *= n
+        outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
         rule, t = OPS[a.op], c_type(a.type.dtype)
         epilogue = self.pointwise_lines(k, k.members, params, lambda s: "i" if any(s) else "0",
                                         anchor_value="acc") if k.members else []
@@ -235,15 +228,12 @@ class CudaGenerator(CppGenerator):
 
     def _matmul(self, k: Kernel, params: _CudaParams):
         a = self.graph.node(k.anchor)
-        ta, tb = a.attr("transpose_a"), a.attr("transpose_b")
         A, B = a.inputs
-        ashape, bshape = self.graph.node(A).type.shape, self.graph.node(B).type.shape
-        M, N = a.type.shape[-2], a.type.shape[-1]
-        K = ashape[-2] if ta else ashape[-1]
-        batch = int(np.prod(a.type.shape[:-2], dtype=np.int64))
+        g = matmul_geometry(self.graph, a)
+        ta, tb, M, N, K, batch = g.trans_a, g.trans_b, g.M, g.N, g.K, g.batch
         if batch > 1 and k.members:
             raise CudaCodegenError(f"{a.loc}: {k.name}: a batched matmul has no epilogue (fusion refuses it)")
-        lda, ldb = ashape[-1], bshape[-1]
+        lda, ldb = g.lda, g.ldb
         tile, threads = self._tile(a.type.dtype, not ta, not tb)
         epilogue = self.pointwise_lines(k, k.members, params, _gemm_offset, anchor_value="acc") if k.members else []
         text = self._template("matmul.cu.j2", name=k.name, comment=self._comment(k), T=c_type(a.type.dtype),
