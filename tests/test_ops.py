@@ -81,15 +81,22 @@ CASES = {
     "matmul_transposed_input": (lambda a, b: flow.matmul(flow.transpose(a, perm=[1, 0]), b),
                                 [rand(5, 7), rand(5, 3)]),
     "conv_same": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME"), [rand(2, 3, 7, 6), rand(4, 3, 3, 3)]),
+    # float64 runs the portable GEMM, which reads the implicit column matrix through the same offsets
+    "conv_same_float64": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME"),
+                          [rand(2, 3, 7, 6, dtype=np.float64), rand(4, 3, 3, 3, dtype=np.float64)]),
     "conv_valid_stride2": (lambda x, w: flow.nn.conv2d(x, w, strides=2, padding="VALID"),
                            [rand(2, 2, 9, 8), rand(3, 2, 3, 2)]),
     "conv_explicit_dilated": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding=[[0, 0], [0, 0], [2, 1], [0, 2]],
                                                           dilations=2), [rand(1, 2, 7, 7), rand(2, 2, 3, 3)]),
-    # stride 1 with the output as wide as the input: im2col copies each tap's row as one shifted block
+    # the kernel wider and taller than the image: most taps of the implicit GEMM read the zero border
     "conv_same_kernel_wider_than_image": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME"),
                                           [rand(2, 2, 3, 4), rand(3, 2, 5, 5)]),
     "conv_same_dilated": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME", dilations=2),
                           [rand(1, 2, 6, 7), rand(2, 2, 3, 3)]),
+    # padding only below and to the right: the padded copy starts at the input's first row and column
+    "conv_pads_bottom_right_only": (lambda x, w: flow.nn.conv2d(x, w, strides=1,
+                                                                padding=[[0, 0], [0, 0], [0, 2], [0, 1]]),
+                                    [rand(2, 2, 5, 6), rand(3, 2, 3, 2)]),
     "conv_uneven_pads_same_width": (lambda x, w: flow.nn.conv2d(x, w, strides=1,
                                                                 padding=[[0, 0], [0, 0], [3, 0], [0, 2]]),
                                     [rand(2, 2, 5, 6), rand(2, 2, 3, 3)]),

@@ -1,13 +1,16 @@
-// im2col / col2im for NCHW convolutions, shared by the generated convolution kernels.
+// The column matrix of NCHW convolutions, shared by the generated convolution kernels.
 //
 // col is [Cg*KH*KW rows, OH*OW cols]: row (c, i, j) holds, for every output pixel, the
 // input under kernel tap (i, j) of channel c (0 in the padding).  A convolution is then
-// one GEMM per image and group: out[Fg, OH*OW] = W[Fg, Cg*KH*KW] * col.
+// one GEMM per image and group: out[Fg, OH*OW] = W[Fg, Cg*KH*KW] * col.  The forward and
+// weight-gradient kernels read col through ImplicitConv's offsets without writing it; the
+// input gradient writes dcol = W^T * dy and adds it back onto the image with col2im_add.
 #pragma once
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace flowc {
 
@@ -26,70 +29,49 @@ inline void valid_columns(const ConvGeometry& g, int64_t j, int64_t& lo, int64_t
   if (lo > hi) lo = hi;
 }
 
-// Stride 1 with OW == W (a SAME convolution): a tap's column row is the input plane shifted by
-// a constant, so it is one contiguous copy, then the padding columns at the left and right edges
-// of each output row and the rows above and below the plane are zeroed.  This is LeNet's case,
-// where a row of the general loop below is only 14 or 28 floats and its set-up dominated.
-template <class T>
-inline void im2col_shifted(const ConvGeometry& g, const T* x, T* col) {
-  const int64_t P = g.OH * g.OW, HW = g.H * g.W;
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t i = 0; i < g.KH; ++i) {
-      const int64_t top = i * g.dh - g.pt;                         // ih = oh + top
-      const int64_t oh_lo = std::min(g.OH, std::max<int64_t>(0, -top));
-      const int64_t oh_hi = std::max(oh_lo, std::min(g.OH, g.H - top));
-      for (int64_t j = 0; j < g.KW; ++j) {
-        T* __restrict row = col + ((c * g.KH + i) * g.KW + j) * P;
-        const T* __restrict plane = x + c * HW;
-        const int64_t off = top * g.W + j * g.dw - g.pl;           // row[p] = plane[p + off]
-        int64_t lo, hi;
-        valid_columns(g, j, lo, hi);
-        const int64_t p0 = std::max(oh_lo * g.OW, -off), p1 = std::min(oh_hi * g.OW, HW - off);
-        for (int64_t p = 0; p < p0; ++p) row[p] = T(0);
-        for (int64_t p = p0; p < p1; ++p) row[p] = plane[p + off];
-        for (int64_t p = std::max(p0, p1); p < P; ++p) row[p] = T(0);
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {               // the padding columns
-          T* out = row + oh * g.OW;
-          for (int64_t ow = 0; ow < lo; ++ow) out[ow] = T(0);
-          for (int64_t ow = hi; ow < g.OW; ++ow) out[ow] = T(0);
-        }
-      }
-    }
-}
+// Implicit GEMM: the column matrix read straight from the input, as an indexed B for
+// gemm_indexed_b (flowc_gemm.h), so a convolution never writes it.  With xp the input padded by pt
+// rows on top and pl columns on the left (Hp x Wp per channel, just large enough for every read):
+//   col(k, p) = xp[tap[k] + pixel[p]],  k = (c, i, j): tap[k] = c*Hp*Wp + i*dh*Wp + j*dw,
+//                                       p = (oh, ow):  pixel[p] = oh*sh*Wp + ow*sw.
+// Built once per kernel (the offsets depend only on the geometry).  Offsets are int, which holds
+// any plane below 2^31 elements; the code generator checks that.
+struct ImplicitConv {
+  int64_t Hp, Wp;
+  bool padded;  // false: every read falls inside the unpadded input, which is used as it is
+  std::vector<int> tap, pixel;
 
-template <class T>
-inline void im2col_generic(const ConvGeometry& g, const T* x, T* col) {
-  if (g.sw == 1 && g.sh == 1 && g.OW == g.W) {
-    im2col_shifted(g, x, col);
-    return;
+  explicit ImplicitConv(const ConvGeometry& g) {
+    const int64_t h_need = (g.OH - 1) * g.sh + (g.KH - 1) * g.dh + 1;
+    const int64_t w_need = (g.OW - 1) * g.sw + (g.KW - 1) * g.dw + 1;
+    padded = !(g.pt == 0 && g.pl == 0 && h_need <= g.H && w_need <= g.W);
+    Hp = padded ? h_need : g.H;
+    Wp = padded ? w_need : g.W;
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t i = 0; i < g.KH; ++i)
+        for (int64_t j = 0; j < g.KW; ++j) tap.push_back((int)(c * Hp * Wp + i * g.dh * Wp + j * g.dw));
+    for (int64_t oh = 0; oh < g.OH; ++oh)
+      for (int64_t ow = 0; ow < g.OW; ++ow) pixel.push_back((int)(oh * g.sh * Wp + ow * g.sw));
   }
-  const int64_t P = g.OH * g.OW;
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t i = 0; i < g.KH; ++i)
-      for (int64_t j = 0; j < g.KW; ++j) {
-        T* row = col + ((c * g.KH + i) * g.KW + j) * P;
-        const T* plane = x + c * g.H * g.W;
-        int64_t lo, hi;
-        valid_columns(g, j, lo, hi);
-        const int64_t shift = j * g.dw - g.pl;
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t ih = oh * g.sh - g.pt + i * g.dh;
-          T* out = row + oh * g.OW;
-          if (ih < 0 || ih >= g.H) {
-            std::memset(out, 0, sizeof(T) * g.OW);
-            continue;
-          }
-          const T* in = plane + ih * g.W + shift;
-          for (int64_t ow = 0; ow < lo; ++ow) out[ow] = T(0);
-          if (g.sw == 1) {
-            std::memcpy(out + lo, in + lo, sizeof(T) * (hi - lo));
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) out[ow] = in[ow * g.sw];
-          }
-          for (int64_t ow = hi; ow < g.OW; ++ow) out[ow] = T(0);
-        }
+
+  // What to read for input x (C planes of H x W): x itself, or its padded copy in `scratch`.  The
+  // copy's border is zeroed when the scratch is first sized and never written after, so each call
+  // copies only the interior; a scratch buffer must therefore serve one geometry only.
+  template <class T>
+  const T* input(const ConvGeometry& g, const T* x, std::vector<T>& scratch) const {
+    if (!padded) return x;
+    const size_t plane = (size_t)(Hp * Wp);
+    if (scratch.size() < g.C * plane) scratch.assign(g.C * plane, T(0));
+    const int64_t rows = std::min(g.H, Hp - g.pt), cols = std::min(g.W, Wp - g.pl);
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t ih = std::max<int64_t>(0, -g.pt); ih < rows; ++ih) {
+        const T* src = x + (c * g.H + ih) * g.W;
+        T* dst = scratch.data() + c * plane + (ih + g.pt) * Wp + g.pl;
+        std::memcpy(dst, src, sizeof(T) * (size_t)std::max<int64_t>(0, cols));
       }
-}
+    return scratch.data();
+  }
+};
 
 // The adjoint of im2col: adds each column entry back onto the input pixel it came from.  (Rows
 // of 14 floats are fine here: this loop ran at 32 us per LeNet conv2 image where a contiguous
@@ -119,30 +101,16 @@ inline void col2im_add_generic(const ConvGeometry& g, const T* col, T* x) {
       }
 }
 
-// float im2col/col2im are compiled once into the core library (see flowc_core.cpp): inlined into
-// every convolution kernel of a step, their vectorised loops were most of a LeNet step's compile.
+// float col2im is compiled once into the core library (see flowc_core.cpp): inlined into every
+// convolution kernel of a step, its vectorised loops (and im2col's, before the implicit GEMM)
+// were most of a LeNet step's compile.
 #if defined(FLOWC_CORE_LIBRARY) && !defined(FLOWC_CORE_IMPLEMENTATION)
-void im2col_f32(const ConvGeometry& g, const float* x, float* col);
 void col2im_add_f32(const ConvGeometry& g, const float* col, float* x);
 #elif defined(FLOWC_CORE_IMPLEMENTATION)
-__attribute__((visibility("default"))) void im2col_f32(const ConvGeometry& g, const float* x, float* col) {
-  im2col_generic(g, x, col);
-}
 __attribute__((visibility("default"))) void col2im_add_f32(const ConvGeometry& g, const float* col, float* x) {
   col2im_add_generic(g, col, x);
 }
 #endif
-
-template <class T>
-inline void im2col(const ConvGeometry& g, const T* x, T* col) {
-#ifdef FLOWC_CORE_LIBRARY
-  if constexpr (std::is_same<T, float>::value) {
-    im2col_f32(g, reinterpret_cast<const float*>(x), reinterpret_cast<float*>(col));
-    return;
-  }
-#endif
-  im2col_generic(g, x, col);
-}
 
 template <class T>
 inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {

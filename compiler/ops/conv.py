@@ -31,6 +31,11 @@ def _conv_geometry(x: tuple, w: tuple, attrs: dict, op: str) -> tuple[int, int]:
     ow = out_size(x[3], w[3], sw, pl, pr, dw)
     if oh <= 0 or ow <= 0:
         raise ShapeError(f"{op}: a {w[2]}x{w[3]} kernel does not fit a {x[2]}x{x[3]} input with these pads")
+    # The CPU kernels address one image's padded channel group with 32-bit offsets (im2col.h).
+    padded = w[1] * (x[2] + pt + pb) * (x[3] + pl + pr)
+    if padded >= 2 ** 31:
+        raise ShapeError(f"{op}: one image's padded input group has {padded} elements; flowc's convolutions "
+                         f"need fewer than 2**31 (split the channels into groups or the image into tiles)")
     return oh, ow
 
 
