@@ -35,7 +35,8 @@ inline void valid_columns(const ConvGeometry& g, int64_t j, int64_t& lo, int64_t
 //   col(k, p) = xp[tap[k] + pixel[p]],  k = (c, i, j): tap[k] = c*Hp*Wp + i*dh*Wp + j*dw,
 //                                       p = (oh, ow):  pixel[p] = oh*sh*Wp + ow*sw.
 // Built once per kernel (the offsets depend only on the geometry).  Offsets are int, which holds
-// any plane below 2^31 elements; the code generator checks that.
+// any padded channel group below 2^31 elements; shape inference (compiler/ops/conv.py) refuses
+// larger ones.
 struct ImplicitConv {
   int64_t Hp, Wp;
   bool padded;  // false: every read falls inside the unpadded input, which is used as it is
