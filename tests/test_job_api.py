@@ -703,3 +703,16 @@ def test_initializers_are_reproducible_across_sessions():
     assert not np.allclose(first["plain_a"], first["plain_b"])
     assert first["plain_a"].std() > 0 and first["trunc_a"].std() > 0
     assert np.all(np.abs(first["trunc_a"]) <= 0.2 + 1e-6)
+
+
+def test_convolution_too_large_for_32_bit_offsets_names_the_user_line():
+    # Traced through lower(), so no 8 GB input is ever allocated.
+    @flow.global_function(type="predict")
+    def huge_conv(x: tp.Numpy.Placeholder((1, 1, 46341, 46341))) -> tp.Numpy:
+        w = flow.get_variable("huge_conv_w", shape=(1, 1, 1, 1), initializer=flow.zeros_initializer())
+        return flow.nn.conv2d(x, w, strides=1, padding="VALID")
+
+    with pytest.raises(flow.TraceError) as info:
+        huge_conv.lower()
+    msg = str(info.value)
+    assert THIS_FILE in msg and "2**31" in msg and "conv2d" in msg
