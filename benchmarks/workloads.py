@@ -96,7 +96,7 @@ def batch() -> tuple[np.ndarray, np.ndarray]:
     Every framework gets the same arrays; each step takes them as NumPy arrays and hands its
     results back as NumPy arrays, as a flowc job call does.
     """
-    from runtime.datasets import load_mnist_sample     # NumPy only: safe in every framework's process
+    from flowc.runtime.datasets import load_mnist_sample     # NumPy only: safe in every framework's process
     (images, labels), _ = load_mnist_sample(BATCH)
     first_images = np.ascontiguousarray(images[0], dtype=np.float32)
     first_labels = np.ascontiguousarray(labels[0], dtype=np.int32)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from compiler.ir import FLOAT_DTYPES, GraphBuilder, TensorType
-from compiler.ops import OPS
+from flowc.compiler.ir import FLOAT_DTYPES, GraphBuilder, TensorType
+from flowc.compiler.ops import OPS
 
 
 class GradientError(TypeError):

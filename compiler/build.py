@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from compiler.autodiff import GradEmitter, differentiate
-from compiler.errors import TraceError
-from compiler.ir import Graph, TensorType
-from compiler.optimizers import Optimizer, from_model_update_conf
-from compiler.trace import Blob, TraceContext, emit, tracing
+from flowc.compiler.autodiff import GradEmitter, differentiate
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import Graph, TensorType
+from flowc.compiler.optimizers import Optimizer, from_model_update_conf
+from flowc.compiler.trace import Blob, TraceContext, emit, tracing
 
 
 @dataclass
@@ -26,7 +26,13 @@ class TracedJob:
 
 def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequence, result_spec,
                     session, config) -> TracedJob:
-    from runtime.signature import flatten_result
+    """Trace `fn` on placeholder Blobs and complete its graph.
+
+    The compiler sits below the runtime and never imports it: what it needs of the runtime's
+    objects is their methods: `result_spec.flatten(value, where)` (the Blobs the job returns and
+    how to rebuild its result), `session.declare_variable(...)` and
+    `session.declare_state_variable(name, type, loc)` (an optimizer's zero-initialized state).
+    """
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
     code = fn.__code__
     signature_line = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"   # placeholders live there
@@ -36,7 +42,7 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
         ctx.placeholders = [a.id for a in args]
         result = fn(*args)
     where = f"job function {name!r} ({signature_line})"
-    flat, layout = flatten_result(result_spec, result, where)
+    flat, layout = result_spec.flatten(result, where)
     optimizer, loss = _training_target(ctx, config, where)
     graph = Graph(name, list(ctx.builder.nodes), [b.id for b in flat], {},
                   {var: session.variables[var].type for var in ctx.variable_nodes},
@@ -103,9 +109,7 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
 
 
 def _state_variable(ctx: TraceContext, name: str, var_type: TensorType, loc: str) -> int:
-    from runtime.initializers import zeros_initializer
-    ctx.session.declare_variable(name, TensorType(var_type.shape, var_type.dtype), zeros_initializer(),
-                                 False, loc)
+    ctx.session.declare_state_variable(name, TensorType(var_type.shape, var_type.dtype), loc)
     node = ctx.builder.add("variable", [], {"name": name, "shape": var_type.shape, "dtype": var_type.dtype},
                            loc=loc, name=name, role="update")
     ctx.variable_nodes[name] = node

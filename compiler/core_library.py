@@ -30,8 +30,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler import cache as _cache
-from compiler.cache import KernelCache
+from flowc.compiler import cache as _cache
+from flowc.compiler.cache import KernelCache
 
 CORE_SOURCE = "flowc_core.cpp"
 PRELUDE = "flowc_prelude.h"
@@ -53,12 +53,12 @@ class CoreLibrary:
 
 
 def _flags() -> list[str]:
-    from compiler.toolchain import BASE_FLAGS
+    from flowc.compiler.toolchain import BASE_FLAGS
     return [f for f in BASE_FLAGS if f != "-shared"]
 
 
 def _key_parts():
-    from compiler.toolchain import compiler_version, cpu_target, include_dir
+    from flowc.compiler.toolchain import compiler_version, cpu_target, include_dir
     source = (include_dir() / CORE_SOURCE).read_text()
     command = shlex.join(["core", *_flags(), *STEP_DEFINES, "-include", PRELUDE])
     return _cache.make_key_parts(source=source, command=command, compiler_version=compiler_version(),
@@ -66,7 +66,7 @@ def _key_parts():
 
 
 def _build(folder: Path) -> None:
-    from compiler.toolchain import ToolchainError, _run, find_compiler, include_dir
+    from flowc.compiler.toolchain import ToolchainError, _run, find_compiler, include_dir
     cxx, headers, flags = find_compiler(), include_dir(), _flags()
     steps = [
         # the library: the GEMM kernel, defined

@@ -31,9 +31,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from compiler import cache as _cache
-from compiler.cache import KernelCache, KeyParts
-from compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER, BuildResult, ToolchainError, _debug
+from flowc.compiler import cache as _cache
+from flowc.compiler.cache import KernelCache, KeyParts
+from flowc.compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER, BuildResult, ToolchainError, _debug
 
 __all__ = ["build_cubin", "cuda_include_dir", "device_arch", "find_nvcc", "key_parts", "normalize_arch",
            "nvcc_command", "nvcc_version"]
@@ -128,8 +128,8 @@ def device_arch() -> str:
 
 def cuda_include_dir() -> Path:
     """Directory of the CUDA headers shipped with flowc (``codegen_templates/cuda``)."""
-    import codegen_templates
-    return Path(codegen_templates.__file__).resolve().parent / "cuda"
+    from flowc.compiler.resources import template_folder
+    return template_folder("cuda")
 
 
 def nvcc_command(src: Path, out: Path, arch: str) -> list[str]:

@@ -6,7 +6,7 @@ what fusion did.  Placeholders, variables and results have their own shapes.
 """
 from __future__ import annotations
 
-from compiler.ir import Node
+from flowc.compiler.ir import Node
 
 # node role -> fill colour (the legend is drawn in the picture too)
 ROLE_COLOURS = {"forward": "#dbe9f6", "backward": "#fde0c5", "update": "#d4efd4"}

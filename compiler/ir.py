@@ -143,7 +143,7 @@ class Graph:
 
     def verify(self) -> None:
         """Check the structural invariants every pass must keep; raise on the first broken one."""
-        from compiler.ops import OPS  # late import: ops import ir
+        from flowc.compiler.ops import OPS  # late import: ops import ir
         seen: set[int] = set()
         for n in self.nodes:
             if n.id in seen:
@@ -203,7 +203,7 @@ class GraphBuilder:
     def add(self, op: str, inputs: Iterable[int], attrs: dict[str, Any] | None = None, *,
             loc: str = "<unknown>", name: str = "", role: str = "forward",
             device: str = "cpu") -> int:
-        from compiler.ops import OPS
+        from flowc.compiler.ops import OPS
         inputs = tuple(inputs)
         attrs = attrs or {}
         rule = OPS[op]

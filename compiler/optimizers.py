@@ -13,7 +13,7 @@ import bisect
 import math
 from typing import Sequence
 
-from compiler.errors import TraceError
+from flowc.compiler.errors import TraceError
 
 
 class PiecewiseConstantScheduler:
@@ -54,7 +54,7 @@ class Optimizer:
         self.lr_scheduler = _as_scheduler(lr_scheduler)
 
     def minimize(self, loss) -> None:
-        from compiler.trace import current, user_location
+        from flowc.compiler.trace import current, user_location
         ctx = current("optimizer.minimize")
         if ctx.job_type != "train":
             raise TraceError(f"{user_location()}: optimizer.minimize() is only allowed in a job declared "

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from compiler.codegen.cpu import CppGenerator, GeneratedStep
-from compiler.ir import Graph
-from compiler.passes import canonicalize, fusion, memory, placement, simplify
-from compiler.passes.fusion import FusionLog, Kernel
-from compiler.passes.memory import MemoryPlan
+from flowc.compiler.codegen.cpu import CppGenerator, GeneratedStep
+from flowc.compiler.ir import Graph
+from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify
+from flowc.compiler.passes.fusion import FusionLog, Kernel
+from flowc.compiler.passes.memory import MemoryPlan
 
 
 @dataclass
@@ -137,7 +137,7 @@ def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
 
 
 def generate(program: Program, profile: bool = False) -> GeneratedStep:
-    from compiler.cache import package_version
+    from flowc.compiler.cache import package_version
     return CppGenerator(program.graph, program.kernels, program.memory, package_version(), profile).render()
 
 
@@ -171,7 +171,7 @@ def compile_graph(graph: Graph, device: str = "cpu", arch: str | None = None) ->
 def build_lowered(program: Program, records: list[PassRecord], timings: dict[str, float],
                   device: str = "cpu", arch: str | None = None) -> tuple[CompiledStep, str | None]:
     """Generate and build a lowered program: the step, and why the cache missed (None on a hit)."""
-    from compiler.toolchain import build_shared_library
+    from flowc.compiler.toolchain import build_shared_library
     if device == "gpu":
         return _build_lowered_gpu(program, records, timings, arch)
     if device != "cpu":
@@ -195,9 +195,9 @@ def _build_lowered_gpu(program: Program, records: list[PassRecord], timings: dic
     FLOWC_TF32=1 runs float32 GEMMs and convolutions on TF32 tensor cores (sm_80+);
     FLOWC_PROFILE=1 makes the runtime time every launch.
     """
-    from compiler.cache import package_version
-    from compiler.codegen.cuda import CudaGenerator
-    from compiler.cuda_toolchain import build_cubin, device_arch, normalize_arch
+    from flowc.compiler.cache import package_version
+    from flowc.compiler.codegen.cuda import CudaGenerator
+    from flowc.compiler.cuda_toolchain import build_cubin, device_arch, normalize_arch
     arch = normalize_arch(arch) if arch is not None else device_arch()
     start = time.perf_counter()
     generated = CudaGenerator(program.graph, program.kernels, program.memory, package_version(),

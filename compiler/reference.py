@@ -10,8 +10,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from compiler.ir import Graph, numpy_dtype
-from compiler.ops import OPS
+from flowc.compiler.ir import Graph, numpy_dtype
+from flowc.compiler.ops import OPS
 
 
 def run_reference(graph: Graph, inputs: Sequence[np.ndarray], variables: Mapping[str, np.ndarray],

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from compiler.passes.memory import MemoryPlan
-from compiler.pipeline import PASSES, CompiledStep, PassRecord, Program
+from flowc.compiler.passes.memory import MemoryPlan
+from flowc.compiler.pipeline import PASSES, CompiledStep, PassRecord, Program
 
 
 class UnknownPassError(ValueError):
@@ -92,7 +92,7 @@ class Lowered:
 
     def as_dot(self) -> str:
         """The job graph as Graphviz DOT: roles coloured, fused kernels as clusters."""
-        from compiler.graph_dot import to_dot
+        from flowc.compiler.graph_dot import to_dot
         return to_dot(self.program)
 
     def memory_plan(self) -> MemoryPlanView:
@@ -106,7 +106,7 @@ class Lowered:
             compiled = train_job.lower().compile()
             compiled.from_cache     # True when an earlier run or `flowc compile` built it
         """
-        from compiler.pipeline import build_lowered
+        from flowc.compiler.pipeline import build_lowered
         step, miss_reason = build_lowered(self.program, self.passes, dict(self.timings), self.device, arch)
         if self.on_compiled is not None:
             self.on_compiled(step)

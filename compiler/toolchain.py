@@ -10,7 +10,7 @@ This module must not import anything GPU-related.
 
 Example::
 
-    >>> from compiler.toolchain import build_shared_library
+    >>> from flowc.compiler.toolchain import build_shared_library
     >>> import cffi
     >>> res = build_shared_library('extern "C" int answer() { return 42; }',
     ...                            name="answer")              # doctest: +SKIP
@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler import cache as _cache
-from compiler.cache import KernelCache, KeyParts
+from flowc.compiler import cache as _cache
+from flowc.compiler.cache import KernelCache, KeyParts
 
 __all__ = [
     "BuildResult",
@@ -179,9 +179,9 @@ def include_dir() -> Path:
         >>> include_dir().name
         'cpu'
     """
-    import codegen_templates
+    from flowc.compiler.resources import template_folder
 
-    return Path(codegen_templates.__file__).resolve().parent / "cpu"
+    return template_folder("cpu")
 
 
 def cxx_command(src: Path, out: Path, core_include: str | None = None) -> list[str]:
@@ -196,7 +196,7 @@ def cxx_command(src: Path, out: Path, core_include: str | None = None) -> list[s
         >>> cxx_command(Path("k.cpp"), Path("k.so"))[1:4]   # doctest: +SKIP
         ['-O3', '-march=native', '-fopenmp']
     """
-    from compiler.core_library import PRELUDE, STEP_DEFINES, ensure_core
+    from flowc.compiler.core_library import PRELUDE, STEP_DEFINES, ensure_core
     core = core_include if core_include is not None else str(ensure_core().include_dir)
     return [*find_compiler(), *BASE_FLAGS, *STEP_DEFINES, f"-I{core}", f"-I{include_dir()}",
             "-include", PRELUDE, str(src), "-o", str(out)]
@@ -363,7 +363,7 @@ def _compile_error(
     tmp_src = argv[-3]
     stderr = stderr.replace(tmp_src, str(kept_src))
     command = shlex.join(argv).replace(tmp_src, str(kept_src))
-    (kept / "compiler.log").write_text(f"$ {command}\n{stderr}\n")
+    (kept / "flowc.compiler.log").write_text(f"$ {command}\n{stderr}\n")
     cxx = tuple(find_compiler())
     hint = ""
     if not _openmp_works(cxx):

@@ -15,23 +15,29 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from compiler import dtypes
-from compiler.errors import TraceError
-from compiler.ir import GraphBuilder, TensorType
-from compiler.ops import ShapeError
+from flowc.compiler import dtypes
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import GraphBuilder, TensorType
+from flowc.compiler.ops import ShapeError
 
-_PACKAGE_DIRS = tuple(
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
-    for d in ("flow", "compiler", "runtime"))
+# flowc's own modules, told apart by module name (not path: the packages load through `flowc/`,
+# and a wheel puts them elsewhere again).
+_OWN_PACKAGES = ("flow", "flowc")
+
+
+def is_flowc_frame(frame) -> bool:
+    """Is `frame` running flowc's own code (or the import machinery), not the user's?"""
+    module = frame.f_globals.get("__name__", "")
+    return (module.split(".", 1)[0] in _OWN_PACKAGES or module.startswith("importlib")
+            or "importlib" in frame.f_code.co_filename)
 
 
 def user_location() -> str:
     """`file:line` of the innermost stack frame that is not flowc's own code."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(_PACKAGE_DIRS) and "importlib" not in filename:
-            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        if not is_flowc_frame(frame):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 import flow
 import flow.typing as tp
-from runtime.datasets import load_mnist_sample
+from flowc.runtime.datasets import load_mnist_sample
 
 BATCH_SIZE = 100
 

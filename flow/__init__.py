@@ -13,22 +13,22 @@ Example:
 """
 import warnings as _warnings
 
-from compiler.dtypes import float32, float64, int8, int32, int64, uint8
-from compiler.errors import FlowError, JobCallError, StepError, TraceError
-from compiler.trace import Blob
+from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
+from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
+from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing  # noqa: F401
 from flow import checkpoint, train  # noqa: F401
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data  # noqa: F401
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
-from runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
+from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
                                   variance_scaling_initializer, xavier_normal_initializer,
                                   xavier_uniform_initializer, zeros_initializer)
-from runtime.job import FunctionConfig, global_function
-from runtime.session import clear_default_session
+from flowc.runtime.job import FunctionConfig, global_function
+from flowc.runtime.session import clear_default_session
 
 float = float32        # noqa: A001 - OneFlow's name
 double = float64
@@ -58,7 +58,7 @@ def compile_cache_stats() -> dict:
     Example:
         flow.compile_cache_stats()   # {'hits': 2, 'misses': 0, 'compilations': 0}
     """
-    from compiler.cache import stats
+    from flowc.compiler.cache import stats
     return stats()
 
 
@@ -71,7 +71,7 @@ def sync_default_session() -> None:
             train_job(images, labels)(print_loss)
         flow.sync_default_session()
     """
-    from runtime.session import default_session
+    from flowc.runtime.session import default_session
     default_session().sync()
 
 
@@ -84,11 +84,11 @@ def FixedTensorDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802
     """
     _warnings.warn("flow.FixedTensorDef is deprecated; annotate the parameter with tp.Numpy.Placeholder",
                    DeprecationWarning, stacklevel=2)
-    from runtime.signature import NumpyPlaceholder
+    from flowc.runtime.signature import NumpyPlaceholder
     return NumpyPlaceholder(shape, dtype)
 
 
 # The compiler and the step runtime load with `flow`, as a framework's kernels load with it: a
 # job's first call then spends its time tracing and compiling, not importing (about 0.25 s).
-import compiler.pipeline as _pipeline  # noqa: E402,F401
-import runtime.executor as _executor  # noqa: E402,F401
+import flowc.compiler.pipeline as _pipeline  # noqa: E402,F401
+import flowc.runtime.executor as _executor  # noqa: E402,F401

@@ -1,10 +1,10 @@
 """Argument handling shared by the flow op functions: OneFlow's names in, IR nodes out."""
 from __future__ import annotations
 
-from compiler.errors import TraceError
-from compiler.ops.reductions import normalize_axes
-from compiler.ops import ShapeError
-from compiler.trace import Blob, emit, user_location
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ops.reductions import normalize_axes
+from flowc.compiler.ops import ShapeError
+from flowc.compiler.trace import Blob, emit, user_location
 
 
 def check_blob(x, api: str, arg: str) -> Blob:

@@ -1,9 +1,9 @@
 """Shape ops and matmul: `flow.reshape`, `flow.flatten`, `flow.transpose`, `flow.matmul`, `flow.cast`."""
 from __future__ import annotations
 
-from compiler.errors import TraceError
-from compiler.ir import dtype_name
-from compiler.trace import Blob, emit, user_location
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import dtype_name
+from flowc.compiler.trace import Blob, emit, user_location
 from flow._ops import axes, check_blob
 
 

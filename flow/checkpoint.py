@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime import checkpoint as _impl
-from runtime.checkpoint import CheckpointError, SavedVariable, VariableValue  # noqa: F401
-from runtime.session import default_session
+from flowc.runtime import checkpoint as _impl
+from flowc.runtime.checkpoint import CheckpointError, SavedVariable, VariableValue  # noqa: F401
+from flowc.runtime.session import default_session
 
 
 def save(path) -> None:

@@ -10,7 +10,7 @@ Example:
     (train_images, train_labels), (test_images, test_labels) = flow.data.load_mnist(100, 100)
     (train_images, train_labels), _ = flow.data.load_mnist_sample(100, 100)   # offline
 """
-from runtime.datasets import load_mnist_sample
-from runtime.datasets.mnist import load_mnist
+from flowc.runtime.datasets import load_mnist_sample
+from flowc.runtime.datasets.mnist import load_mnist
 
 __all__ = ["load_mnist", "load_mnist_sample"]

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from compiler.errors import TraceError
-from compiler.trace import Blob, current, emit, user_location
+from flowc.compiler.errors import TraceError
+from flowc.compiler.trace import Blob, current, emit, user_location
 from flow._ops import check_blob
 from flow.variables import get_variable
-from runtime import initializers
+from flowc.runtime import initializers
 
 
 def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool = True,

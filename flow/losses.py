@@ -1,8 +1,8 @@
 """`flow.losses.add_loss`: the old way to name a train job's loss (with `config.train.*`)."""
 from __future__ import annotations
 
-from compiler.errors import TraceError
-from compiler.trace import Blob, current, user_location
+from flowc.compiler.errors import TraceError
+from flowc.compiler.trace import Blob, current, user_location
 
 
 def add_loss(loss: Blob) -> None:

@@ -1,7 +1,7 @@
 """`flow.math`: elementwise math and reductions, with OneFlow 0.3's names and signatures."""
 from __future__ import annotations
 
-from compiler.trace import Blob, as_blob, emit
+from flowc.compiler.trace import Blob, as_blob, emit
 from flow._ops import along_last_axis, axes, check_blob
 
 

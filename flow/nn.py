@@ -1,8 +1,8 @@
 """`flow.nn`: activations, bias, softmax and the cross-entropy loss."""
 from __future__ import annotations
 
-from compiler.errors import TraceError
-from compiler.trace import Blob, current, emit, user_location
+from flowc.compiler.errors import TraceError
+from flowc.compiler.trace import Blob, current, emit, user_location
 from flow._ops import along_last_axis, check_blob, from_nchw, pair, spatial_pads, to_nchw
 from flow.math import relu as _relu
 
@@ -141,7 +141,7 @@ def dropout(x, rate: float, noise_shape=None, seed: int | None = None, name: str
     name = name or ctx.unique_name("Dropout")
     if ctx.job_type != "train" or rate == 0.0:
         return x
-    from runtime.initializers import seed_for
+    from flowc.runtime.initializers import seed_for
     seed = int(seed) if seed is not None else seed_for(name, ctx.session.seed)
     threshold = min(int(round(float(rate) * 2 ** 32)), 2 ** 32 - 1)
     step = emit("scalar", [], {"name": "train_step", "shape": (), "dtype": "int64"}, api=api)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from compiler.trace import _current
+from flowc.compiler.trace import _current
 
 
 @contextlib.contextmanager

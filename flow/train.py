@@ -8,8 +8,8 @@ Example:
 """
 from __future__ import annotations
 
-from runtime import checkpoint as _impl
-from runtime.session import default_session
+from flowc.runtime import checkpoint as _impl
+from flowc.runtime.session import default_session
 
 
 class CheckPoint:

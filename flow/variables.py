@@ -1,10 +1,10 @@
 """`flow.get_variable`: a named variable, shared by every job of the session."""
 from __future__ import annotations
 
-from compiler.errors import TraceError
-from compiler.ir import TensorType, dtype_name
-from compiler.trace import Blob, current, emit, user_location
-from runtime import initializers
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import TensorType, dtype_name
+from flowc.compiler.trace import Blob, current, emit, user_location
+from flowc.runtime import initializers
 
 
 def get_variable(name: str, shape=None, dtype=None, initializer=None, regularizer=None, trainable: bool = True,

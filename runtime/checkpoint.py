@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import FlowError
-from compiler.ir import TensorType, numpy_dtype
-from runtime.devices import sync_to_device
+from flowc.compiler.errors import FlowError
+from flowc.compiler.ir import TensorType, numpy_dtype
+from flowc.runtime.devices import sync_to_device
 
 SNAPSHOT_DONE = "snapshot_done"
 TRAIN_STEP_PREFIX = "System-Train-TrainStep-"
@@ -157,7 +157,7 @@ class SavedVariable:
     def numpy(self) -> np.ndarray:
         """The array, read from disk now.  A legacy folder (no meta) needs its variable declared."""
         if self.type is None:
-            from runtime.session import default_session
+            from flowc.runtime.session import default_session
             slot = default_session().variables.get(self.name)
             if slot is None:
                 raise CheckpointError(f"checkpoint {self.checkpoint}: variable {self.name!r} has no meta file "

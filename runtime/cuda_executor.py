@@ -25,9 +25,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import pycuda.driver as cuda
 
-from compiler.errors import StepError
-from compiler.ir import numpy_dtype
-from runtime.devices import DEVICE_VARIABLES_ATTR
+from flowc.compiler.errors import StepError
+from flowc.compiler.ir import numpy_dtype
+from flowc.runtime.devices import DEVICE_VARIABLES_ATTR
 
 MIN_ALLOC = 256    # bytes; cuMemAlloc refuses 0, and 256 is its alignment anyway
 

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from compiler.ir import Graph
+from flowc.compiler.ir import Graph
 
 STRICT_ENV = "FLOWC_STRICT_DEVICE"
 # The attribute a session carries once a GPU job has loaded: its device copies of the variables.
@@ -89,9 +89,9 @@ def job_device(graph: Graph) -> tuple[str, str | None]:
 def load_step(compiled, session, depth: int = 1):
     """The loaded step for `compiled`: a CPU `LoadedStep`, or a `CudaLoadedStep` when it was built for "gpu"."""
     if getattr(compiled, "device", "cpu") == "gpu":
-        from runtime.cuda_executor import CudaLoadedStep
+        from flowc.runtime.cuda_executor import CudaLoadedStep
         return CudaLoadedStep(compiled, session, depth)
-    from runtime.executor import LoadedStep
+    from flowc.runtime.executor import LoadedStep
     return LoadedStep(compiled, session, depth)
 
 

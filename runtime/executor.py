@@ -15,10 +15,10 @@ from typing import Sequence
 import cffi
 import numpy as np
 
-from compiler.core_library import load_core
-from compiler.errors import StepError
-from compiler.ir import numpy_dtype
-from compiler.pipeline import CompiledStep
+from flowc.compiler.core_library import load_core
+from flowc.compiler.errors import StepError
+from flowc.compiler.ir import numpy_dtype
+from flowc.compiler.pipeline import CompiledStep
 
 _ffi = cffi.FFI()
 _ffi.cdef("int flowc_step(void* const* ptrs); const double* flowc_profile(void);")

@@ -16,14 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-import compiler
-import runtime
-from compiler.errors import JobCallError
-from compiler.ir import dtype_name, numpy_dtype
-from runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
-from runtime.register import Register
-from runtime.session import default_session
-from runtime.signature import placeholders_of, rebuild_result, result_spec_of
+from flowc.compiler.errors import JobCallError
+from flowc.compiler.ir import dtype_name, numpy_dtype
+from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
+from flowc.runtime.register import Register
+from flowc.runtime.session import default_session
+from flowc.runtime.signature import placeholders_of, rebuild_result, result_spec_of
 
 _warned_gpu = False
 # Three stages overlap: the caller feeds step k+2 while step k+1 computes and step k's callback runs.
@@ -106,7 +104,7 @@ class JobFunction:
             return self.loaded
         if self._compiled is None or self._session is not session:
             self.compile()
-        from runtime.devices import load_step
+        from flowc.runtime.devices import load_step
         self.loaded = load_step(self._compiled, session, self.config.depth)
         self.register = Register(self.loaded.slots)
         if self not in session.jobs:
@@ -117,7 +115,7 @@ class JobFunction:
         """The traced job in the default session (traced again when the session changed)."""
         session = default_session()
         if self._traced is None or self._session is not session:
-            from compiler.build import build_job_graph
+            from flowc.compiler.build import build_job_graph
             self.release()
             start = time.perf_counter()
             self._traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
@@ -137,8 +135,8 @@ class JobFunction:
             print(lowered.as_text(after="fuse_epilogues"))
             print(lowered.passes_text())
         """
-        from compiler.pipeline import lower
-        from compiler.stages import Lowered
+        from flowc.compiler.pipeline import lower
+        from flowc.compiler.stages import Lowered
         if device not in (None, "cpu", "gpu"):
             raise ValueError(f"job {self.name!r}: device must be 'cpu' or 'gpu', got {device!r}")
         traced = self._trace()
@@ -303,7 +301,7 @@ def _choose_device(graph) -> str:
     """Where the job runs: its placement if this machine can, else the CPU with one warning per process
     (an error under FLOWC_STRICT_DEVICE=1)."""
     global _warned_gpu
-    from runtime.devices import job_device
+    from flowc.runtime.devices import job_device
     device, why = job_device(graph)
     if why and not _warned_gpu:
         warnings.warn(why, RuntimeWarning, stacklevel=_user_stacklevel())
@@ -313,9 +311,9 @@ def _choose_device(graph) -> str:
 
 def _user_stacklevel() -> int:
     """The stacklevel of the first frame outside flowc's own packages, so a warning names the user's line."""
-    ours = tuple(str(Path(m.__file__).resolve().parent) for m in (compiler, runtime))
+    from flowc.compiler.trace import is_flowc_frame
     frame, level = sys._getframe(1), 1
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(ours):
+    while frame is not None and is_flowc_frame(frame):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -19,8 +19,8 @@ import traceback
 import weakref
 from collections import deque
 
-from runtime.actors import Actor
-from runtime.futures import Call
+from flowc.runtime.actors import Actor
+from flowc.runtime.futures import Call
 
 
 class Pipeline:

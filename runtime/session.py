@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import TraceError
-from compiler.ir import TensorType, numpy_dtype
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import TensorType, numpy_dtype
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Session:
         if slot is None:
             slot = VariableSlot(name, type_, initializer, trainable, loc)
             if name in self.pending_values:    # loaded from a checkpoint before this declaration
-                from runtime.checkpoint import take_pending
+                from flowc.runtime.checkpoint import take_pending
                 slot.value = take_pending(self, name, type_, loc)
             self.variables[name] = slot
             return slot
@@ -55,6 +55,11 @@ class Session:
             raise TraceError(f"{loc}: variable {name!r} is trainable={trainable} here but was defined with "
                              f"trainable={slot.trainable} at {slot.defined_at}")
         return slot
+
+    def declare_state_variable(self, name: str, type_: TensorType, loc: str) -> VariableSlot:
+        """Register an optimizer's state variable (momentum, Adam's moments): zeros, not trainable."""
+        from flowc.runtime.initializers import zeros_initializer
+        return self.declare_variable(name, type_, zeros_initializer(), False, loc)
 
     def value(self, name: str) -> np.ndarray:
         """The variable's storage, initialized on first use."""
@@ -69,7 +74,7 @@ class Session:
                 self._initialize(slot)
 
     def _initialize(self, slot: VariableSlot) -> None:
-        from runtime.initializers import seed_for
+        from flowc.runtime.initializers import seed_for
         data = slot.initializer.sample(slot.type.shape, numpy_dtype(slot.type.dtype),
                                        default_seed=seed_for(slot.name, self.seed))
         if slot.value is None:
@@ -83,7 +88,7 @@ class Session:
     def pipeline(self):
         """The actors that run this session's steps and callbacks (started at the first call)."""
         if self._pipeline is None:
-            from runtime.pipeline import Pipeline
+            from flowc.runtime.pipeline import Pipeline
             self._pipeline = Pipeline()
         return self._pipeline
 
@@ -92,7 +97,7 @@ class Session:
         (GPU jobs keep theirs on the device: they are copied back here)."""
         if self._pipeline is not None:
             self._pipeline.sync()
-        from runtime.devices import sync_to_host
+        from flowc.runtime.devices import sync_to_host
         sync_to_host(self)
 
     def close(self) -> None:

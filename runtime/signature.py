@@ -11,9 +11,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from compiler import dtypes
-from compiler.errors import TraceError
-from compiler.ir import dtype_name
+from flowc.compiler import dtypes
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import dtype_name
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,10 @@ class ResultSpec:
     kind: str
     items: tuple["ResultSpec", ...] = ()
 
+    def flatten(self, value: Any, where: str) -> tuple[list, Any]:
+        """The Blobs a job returned (in order) and the layout that rebuilds its result from arrays."""
+        return flatten_result(self, value, where)
+
     def describe(self) -> str:
         if self.kind in ("numpy", "list_numpy", "auto"):
             return {"numpy": "tp.Numpy", "list_numpy": "tp.ListNumpy", "auto": "Blobs"}[self.kind]
@@ -176,7 +180,7 @@ def parse_result(ann: Any, job: str) -> ResultSpec:
 
 def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]:
     """(flat list of Blobs, layout to rebuild the value from arrays); errors name `where`."""
-    from compiler.trace import Blob
+    from flowc.compiler.trace import Blob
     flat: list = []
 
     def walk(s: ResultSpec, v: Any, path: str) -> Any:

@@ -40,10 +40,10 @@ def _describe(items) -> str:
 
 def render_all() -> dict[str, str]:
     """File name -> generated text, for every golden job and backend."""
-    from compiler.codegen.cpu import CppGenerator
-    from compiler.codegen.cuda import CudaGenerator
-    from compiler.pipeline import lower
-    from runtime.session import Session
+    from flowc.compiler.codegen.cpu import CppGenerator
+    from flowc.compiler.codegen.cuda import CudaGenerator
+    from flowc.compiler.pipeline import lower
+    from flowc.runtime.session import Session
     from tests.test_cuda_codegen import graph_of
     out: dict[str, str] = {}
     with warnings.catch_warnings():

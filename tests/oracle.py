@@ -11,13 +11,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from compiler.autodiff import differentiate
-from compiler.ir import Graph, dtype_name
-from compiler.pipeline import compile_graph
-from compiler.reference import run_reference
-from compiler.trace import TraceContext, emit, tracing
-from runtime.executor import LoadedStep
-from runtime.session import Session
+from flowc.compiler.autodiff import differentiate
+from flowc.compiler.ir import Graph, dtype_name
+from flowc.compiler.pipeline import compile_graph
+from flowc.compiler.reference import run_reference
+from flowc.compiler.trace import TraceContext, emit, tracing
+from flowc.runtime.executor import LoadedStep
+from flowc.runtime.session import Session
 
 
 @dataclass

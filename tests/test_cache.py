@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import cache as cache_mod
-from compiler.cache import CacheError, KernelCache, KeyParts, hash_headers, make_key_parts
+from flowc.compiler import cache as cache_mod
+from flowc.compiler.cache import CacheError, KernelCache, KeyParts, hash_headers, make_key_parts
 
 
 def parts(source: str = "int x;", include_dir: Path | None = None, **over: str) -> KeyParts:

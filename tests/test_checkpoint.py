@@ -11,8 +11,8 @@ import pytest
 
 import flow
 import flow.typing as tp
-import runtime.checkpoint as ckpt
-from runtime.session import default_session
+import flowc.runtime.checkpoint as ckpt
+from flowc.runtime.session import default_session
 
 N, IN, OUT = 6, 8, 4
 _rng = np.random.RandomState(7)

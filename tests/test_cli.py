@@ -70,7 +70,7 @@ def test_compile_verbose_shows_passes_and_cache_state(cache):
 
 
 def test_show_passes_lists_every_pass_with_its_effect(cache):
-    from compiler.stages import pass_names
+    from flowc.compiler.stages import pass_names
     done = flowc("show", f"{MLP}:train_job", "--passes", cache=cache)
     assert done.returncode == 0, done.stderr
     for name in pass_names():
@@ -79,7 +79,7 @@ def test_show_passes_lists_every_pass_with_its_effect(cache):
 
 
 def test_show_ir_after_each_pass_and_after_one(cache):
-    from compiler.stages import pass_names
+    from flowc.compiler.stages import pass_names
     every = flowc("show", f"{MLP}:eval_job", "--ir", cache=cache)
     assert every.returncode == 0, every.stderr
     assert [m for m in re.findall(r"^== eval_job after (\w+)", every.stdout, re.M)] == pass_names()

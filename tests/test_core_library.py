@@ -11,7 +11,7 @@ import pytest
 
 import flow
 import flow.typing as tp
-from compiler import core_library
+from flowc.compiler import core_library
 
 
 def test_core_is_built_once_into_its_own_cache(tmp_path, monkeypatch):
@@ -42,7 +42,7 @@ def test_a_step_library_leaves_the_gemm_to_the_core():
 
 
 def test_a_step_compiles_as_parallel_parts_that_partition_its_kernels(monkeypatch):
-    import compiler.codegen.cpu as cpu
+    import flowc.compiler.codegen.cpu as cpu
     monkeypatch.setattr(cpu, "COMPILE_PARTS", 2)
 
     @flow.global_function(type="predict")
@@ -52,7 +52,7 @@ def test_a_step_compiles_as_parallel_parts_that_partition_its_kernels(monkeypatc
         return flow.math.reduce_sum(flow.nn.softmax(flow.matmul(h, w) * 0.001), axis=1) + flow.math.reduce_max(h)
 
     lowered = chain.lower()
-    from compiler.pipeline import generate
+    from flowc.compiler.pipeline import generate
     generated = generate(lowered.program)
     kernels = [k.name for k in lowered.program.kernels]
     assert len(kernels) >= cpu.MIN_KERNELS_TO_SPLIT and len(generated.parts) == 2

@@ -33,12 +33,12 @@ import pytest
 
 import flow
 import flow.typing as tp
-from compiler.build import build_job_graph
-from compiler.cache import KernelCache
-from compiler.ops import OPS
-from compiler.pipeline import compile_graph, lower
-from compiler.reference import run_reference
-from runtime.session import Session, default_session
+from flowc.compiler.build import build_job_graph
+from flowc.compiler.cache import KernelCache
+from flowc.compiler.ops import OPS
+from flowc.compiler.pipeline import compile_graph, lower
+from flowc.compiler.reference import run_reference
+from flowc.runtime.session import Session, default_session
 from tests.coverage_jobs import coverage_jobs
 from tests.test_mlp import load_example
 
@@ -71,7 +71,7 @@ def seed_jobs() -> dict:
 
 
 def render(program, tf32: bool = False, arch: str = "sm_80", prefix: str = ""):
-    from compiler.codegen.cuda import CudaGenerator
+    from flowc.compiler.codegen.cuda import CudaGenerator
     kernels = [dataclasses.replace(k, name=prefix + k.name) for k in program.kernels]
     return CudaGenerator(program.graph, kernels, program.memory, "test", tf32=tf32, arch=arch).render()
 
@@ -120,7 +120,7 @@ def test_every_launch_names_a_kernel_of_its_source(steps):
 
 
 def test_every_op_and_kernel_kind_has_a_cuda_lowering():
-    from compiler.codegen.cuda import KERNEL_KINDS, ROW_KERNELS, WINDOW_KERNELS
+    from flowc.compiler.codegen.cuda import KERNEL_KINDS, ROW_KERNELS, WINDOW_KERNELS
     assert {n for n, r in OPS.items() if r.kind == "window"} == set(WINDOW_KERNELS)
     assert {n for n, r in OPS.items() if r.kind == "row"} == set(ROW_KERNELS)
     assert set(KERNEL_KINDS) == {"pointwise", "reduction", "matmul", "row", "xent_fused", "window"}
@@ -144,7 +144,7 @@ def test_the_filter_gradient_splits_its_long_sum_into_scratch(steps):
 
 @needs_nvcc
 def test_every_step_compiles_with_nvcc_for_sm80_and_sm90(programs, steps, tmp_path):
-    from compiler.cuda_toolchain import build_cubin
+    from flowc.compiler.cuda_toolchain import build_cubin
     cache = KernelCache(tmp_path / "cache")
     # The seeds' four steps one translation unit each, as a job builds them; the rest in one more
     # (kernel names prefixed apart), since every nvcc run costs a second or two of start-up.
@@ -175,7 +175,7 @@ def test_every_step_compiles_with_nvcc_for_sm80_and_sm90(programs, steps, tmp_pa
 
 @needs_nvcc
 def test_the_cache_key_covers_the_arch_and_the_nvcc_version(tmp_path):
-    from compiler.cuda_toolchain import key_parts, normalize_arch, nvcc_version
+    from flowc.compiler.cuda_toolchain import key_parts, normalize_arch, nvcc_version
     src = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
     sm80, sm90 = key_parts(src, "sm_80"), key_parts(src, "sm_90")
     assert sm80.key() != sm90.key() and "-arch=sm_90" in sm90.command
@@ -185,15 +185,15 @@ def test_the_cache_key_covers_the_arch_and_the_nvcc_version(tmp_path):
     with pytest.raises(ValueError, match="sm_XY"):
         normalize_arch("hopper")
     cache = KernelCache(tmp_path)
-    from compiler.cuda_toolchain import build_cubin
+    from flowc.compiler.cuda_toolchain import build_cubin
     build_cubin(src, "k", "sm_80", cache=cache)
     assert "cpu target ('cuda sm_80' -> 'cuda sm_90')" in cache.explain_miss("k", sm90)
 
 
 @needs_nvcc
 def test_an_nvcc_error_names_the_kept_source(tmp_path):
-    from compiler.cuda_toolchain import build_cubin
-    from compiler.toolchain import ToolchainError
+    from flowc.compiler.cuda_toolchain import build_cubin
+    from flowc.compiler.toolchain import ToolchainError
     with pytest.raises(ToolchainError) as info:
         build_cubin('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n', "broken", "sm_90",
                     cache=KernelCache(tmp_path))
@@ -220,10 +220,10 @@ def test_compile_graph_for_the_gpu_needs_only_nvcc():
 
 
 def test_no_arch_and_no_gpu_is_a_clear_error():
-    pytest.importorskip("compiler.cuda_toolchain")
-    from compiler.cuda_toolchain import device_arch
-    from compiler.toolchain import ToolchainError
-    from runtime.devices import gpu_status
+    pytest.importorskip("flowc.compiler.cuda_toolchain")
+    from flowc.compiler.cuda_toolchain import device_arch
+    from flowc.compiler.toolchain import ToolchainError
+    from flowc.runtime.devices import gpu_status
     if gpu_status()[0]:
         pytest.skip("a GPU is usable here")
     with pytest.raises(ToolchainError, match="pass an arch|sm_90"):
@@ -233,15 +233,15 @@ def test_no_arch_and_no_gpu_is_a_clear_error():
 # --- devices -------------------------------------------------------------------------------------------
 
 def test_gpu_status_says_why_without_importing_pycuda():
-    from runtime.devices import gpu_status
+    from flowc.runtime.devices import gpu_status
     usable, why = gpu_status()
     assert isinstance(usable, bool) and why
     if not usable and "PyCUDA is not installed" in why:
-        assert "pycuda" not in sys.modules and "runtime.cuda_executor" not in sys.modules
+        assert "pycuda" not in sys.modules and "flowc.runtime.cuda_executor" not in sys.modules
 
 
 def test_job_device_falls_back_with_a_reason_or_raises_when_strict(monkeypatch):
-    from runtime import devices
+    from flowc.runtime import devices
     jobs = seed_jobs()
     cpu_graph, gpu_graph = graph_of(jobs["mlp_train"], Session()), graph_of(jobs["lenet_predict"], Session())
     assert devices.job_device(cpu_graph) == ("cpu", None)
@@ -256,20 +256,20 @@ def test_job_device_falls_back_with_a_reason_or_raises_when_strict(monkeypatch):
 
 
 def test_load_step_picks_the_cpu_executor_for_cpu_steps():
-    from runtime.devices import load_step, sync_to_device, sync_to_host
-    from runtime.executor import LoadedStep
+    from flowc.runtime.devices import load_step, sync_to_device, sync_to_host
+    from flowc.runtime.executor import LoadedStep
     session = Session()
     step = load_step(compile_graph(graph_of(seed_jobs()["mlp_predict"], session)), session, 2)
     assert isinstance(step, LoadedStep) and len(step.slots) == 2
     sync_to_host(session)       # no GPU job ran: nothing to do, nothing imported
     sync_to_device(session)
-    assert "runtime.cuda_executor" not in sys.modules
+    assert "flowc.runtime.cuda_executor" not in sys.modules
 
 
 # --- placement ------------------------------------------------------------------------------------------
 
 def test_placement_leaves_cpu_graphs_alone():
-    from compiler.passes.placement import insert_device_copies
+    from flowc.compiler.passes.placement import insert_device_copies
     graph = graph_of(seed_jobs()["mlp_train"], Session())
     assert insert_device_copies(graph) is graph
 
@@ -598,21 +598,21 @@ def fake_pycuda(emulator, monkeypatch):
     package.driver = driver
     monkeypatch.setitem(sys.modules, "pycuda", package)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
-    monkeypatch.delitem(sys.modules, "runtime.cuda_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "flowc.runtime.cuda_executor", raising=False)
     yield driver
-    sys.modules.pop("runtime.cuda_executor", None)
+    sys.modules.pop("flowc.runtime.cuda_executor", None)
 
 
 @needs_nvcc
 @needs_gxx
 def test_cuda_loaded_step_trains_like_the_reference_on_an_emulated_device(fake_pycuda, monkeypatch):
-    from runtime.devices import load_step, sync_to_device, sync_to_host
+    from flowc.runtime.devices import load_step, sync_to_device, sync_to_host
     monkeypatch.setenv("FLOWC_PROFILE", "1")
     job = seed_jobs()["mlp_train"]
     session = Session()
     graph = graph_of(job, session)
     step = load_step(compile_graph(graph, device="gpu", arch="sm_80"), session, depth=2)
-    from runtime.cuda_executor import CudaLoadedStep
+    from flowc.runtime.cuda_executor import CudaLoadedStep
     assert isinstance(step, CudaLoadedStep) and len(step.slots) == 2
     rng = np.random.default_rng(1)
     before = {name: session.value(name).copy() for name in graph.variables}
@@ -647,7 +647,7 @@ def test_cuda_loaded_step_trains_like_the_reference_on_an_emulated_device(fake_p
 
 
 def test_placing_a_placed_graph_again_adds_no_copies():
-    from compiler.passes.placement import insert_device_copies
+    from flowc.compiler.passes.placement import insert_device_copies
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         graph = mixed_train.graph

@@ -12,17 +12,17 @@ from typing import Tuple
 import numpy as np
 import pytest
 
-from runtime.devices import gpu_status
+from flowc.runtime.devices import gpu_status
 
 USABLE, WHY = gpu_status()
 pytestmark = pytest.mark.skipif(not USABLE, reason=f"no usable GPU: {WHY}")
 
 import flow  # noqa: E402
 import flow.typing as tp  # noqa: E402
-from compiler.pipeline import compile_graph  # noqa: E402
-from compiler.reference import run_reference  # noqa: E402
-from runtime.datasets import load_mnist_sample  # noqa: E402
-from runtime.session import Session, default_session  # noqa: E402
+from flowc.compiler.pipeline import compile_graph  # noqa: E402
+from flowc.compiler.reference import run_reference  # noqa: E402
+from flowc.runtime.datasets import load_mnist_sample  # noqa: E402
+from flowc.runtime.session import Session, default_session  # noqa: E402
 from tests.oracle import cotangents, trace_case  # noqa: E402
 from tests.test_ops import CASES, assert_close, assert_outputs_match  # noqa: E402
 
@@ -31,7 +31,7 @@ GEMM_CASES = sorted(n for n in CASES if n.startswith(("matmul", "conv")))
 
 def run_on_gpu(name: str, session: Session | None = None):
     """The case's values and gradients from the GPU step, and from the reference."""
-    from runtime.devices import load_step
+    from flowc.runtime.devices import load_step
     fn, inputs = CASES[name]
     graph, _, _ = trace_case(fn, inputs, True)
     feeds = list(inputs) + cotangents(graph, len(inputs), np.random.default_rng(0))
@@ -52,7 +52,7 @@ def test_every_op_and_its_gradient_on_the_gpu_equals_the_reference(name):
 def test_tf32_tensor_cores_stay_within_a_percent(name, monkeypatch):
     monkeypatch.setenv("FLOWC_TF32", "1")
     compiled, got, want = run_on_gpu(name)
-    from compiler.cuda_toolchain import arch_number
+    from flowc.compiler.cuda_toolchain import arch_number
     if arch_number(compiled.arch) >= 80 and any(g.dtype == np.float32 for g in got):
         assert compiled.generated.tensor_cores
     for g, w in zip(got, want):
@@ -60,7 +60,7 @@ def test_tf32_tensor_cores_stay_within_a_percent(name, monkeypatch):
 
 
 def test_an_out_of_range_label_is_a_clear_error_on_the_gpu():
-    from runtime.devices import load_step
+    from flowc.runtime.devices import load_step
     graph, _, _ = trace_case(lambda y, a: flow.nn.sparse_softmax_cross_entropy_with_logits(y, a),
                              [np.array([0, 1, 5, 2], np.int32), np.zeros((4, 3), np.float32)], grads=False)
     step = load_step(compile_graph(graph, device="gpu"), Session())
@@ -71,7 +71,7 @@ def test_an_out_of_range_label_is_a_clear_error_on_the_gpu():
 
 
 def test_the_arch_comes_from_the_device_and_a_second_compile_hits_the_cache():
-    from compiler.cuda_toolchain import device_arch
+    from flowc.compiler.cuda_toolchain import device_arch
     graph, _, _ = trace_case(lambda a, b: flow.matmul(a, b), [np.ones((4, 3), np.float32),
                                                               np.ones((3, 2), np.float32)], grads=False)
     first = compile_graph(graph, device="gpu")
@@ -81,7 +81,7 @@ def test_the_arch_comes_from_the_device_and_a_second_compile_hits_the_cache():
 
 def test_slots_pipeline_and_variables_stay_on_the_device():
     """Three slots fed ahead of their steps (uploads overlap compute); updates persist on the device."""
-    from runtime.devices import load_step, sync_to_device, sync_to_host
+    from flowc.runtime.devices import load_step, sync_to_device, sync_to_host
     from tests.test_cuda_codegen import graph_of, seed_jobs
     session = Session()
     graph = graph_of(seed_jobs()["mlp_train"], session)
@@ -108,7 +108,7 @@ def test_slots_pipeline_and_variables_stay_on_the_device():
 
 
 def test_profile_times_every_kernel(monkeypatch):
-    from runtime.devices import load_step
+    from flowc.runtime.devices import load_step
     monkeypatch.setenv("FLOWC_PROFILE", "1")
     graph, _, _ = trace_case(lambda a, b: flow.nn.relu(flow.matmul(a, b)), [np.ones((64, 32), np.float32),
                                                                             np.ones((32, 16), np.float32)])
@@ -170,7 +170,7 @@ def test_gpu_jobs_run_on_the_gpu():
 
 
 def test_one_gpu_train_step_equals_the_reference():
-    from runtime.devices import sync_to_host
+    from flowc.runtime.devices import sync_to_host
     (images, labels), _ = load_mnist_sample(100, 100)
     graph = gpu_train.graph
     session = default_session()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.datasets import MNIST_SAMPLE_PATH, load_mnist_sample
+from flowc.runtime.datasets import MNIST_SAMPLE_PATH, load_mnist_sample
 
 
 @pytest.fixture(scope="module")

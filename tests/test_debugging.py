@@ -48,9 +48,9 @@ def test_pass_records_and_kernel_listing():
 
 def test_flowc_version_and_cache_info(tmp_path):
     env = {"FLOWC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    version = subprocess.run([sys.executable, "-m", "compiler.cli", "--version"], cwd=ROOT, env=env,
+    version = subprocess.run([sys.executable, "-m", "flowc.cli", "--version"], cwd=ROOT, env=env,
                              capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.startswith("flowc ")
-    info = subprocess.run([sys.executable, "-m", "compiler.cli", "cache", "info"], cwd=ROOT, env=env,
+    info = subprocess.run([sys.executable, "-m", "flowc.cli", "cache", "info"], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     assert info.returncode == 0 and str(tmp_path) in info.stdout

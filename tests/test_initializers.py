@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import initializers as I
+from flowc.runtime import initializers as I
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _CHILD = """
 import json, sys
 import numpy as np
-from runtime import initializers as I
+from flowc.runtime import initializers as I
 # Disturb the global RNG: seeded initializers must not depend on it.
 np.random.seed(int(sys.argv[1]))
 np.random.random(17)

@@ -18,8 +18,8 @@ import pytest
 
 import flow
 import flow.typing as tp
-import runtime.job
-from runtime.session import default_session
+import flowc.runtime.job
+from flowc.runtime.session import default_session
 
 THIS_FILE = os.path.basename(__file__)
 LINES: dict = {}          # marker -> line number of a deliberately bad call in a job body
@@ -583,7 +583,7 @@ def test_cpu_placement_runs_without_warnings():
 def test_gpu_placement_runs_on_cpu_with_one_runtime_warning(monkeypatch):
     monkeypatch.delenv("FLOWC_STRICT_DEVICE", raising=False)
     # The library warns once per process; another test file may have used it up already.
-    monkeypatch.setattr(runtime.job, "_warned_gpu", False)
+    monkeypatch.setattr(flowc.runtime.job, "_warned_gpu", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         np.testing.assert_allclose(on_gpu(ONES3), 7 * ONES3)

@@ -5,9 +5,9 @@ import pytest
 
 import flow
 import flow.typing as tp
-from compiler.reference import run_reference
-from runtime.datasets import load_mnist_sample
-from runtime.session import default_session
+from flowc.compiler.reference import run_reference
+from flowc.runtime.datasets import load_mnist_sample
+from flowc.runtime.session import default_session
 from tests.test_mlp import load_example
 
 seed_train = load_example("seeds/synchronize_single_job")     # the seed's lenet() and train_job

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import flow
-from runtime.datasets import load_mnist_sample
-from runtime.datasets.mnist import (IDX_FILES, MNIST_SHA256, MNIST_URL, MnistChecksumError, MnistDownloadError,
+from flowc.runtime.datasets import load_mnist_sample
+from flowc.runtime.datasets.mnist import (IDX_FILES, MNIST_SHA256, MNIST_URL, MnistChecksumError, MnistDownloadError,
                                     MnistFormatError, MnistMissingFilesError, load_mnist, read_idx,
                                     read_idx_folder)
 

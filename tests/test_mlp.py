@@ -7,9 +7,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from compiler.reference import run_reference
-from runtime.datasets import load_mnist_sample
-from runtime.session import default_session
+from flowc.compiler.reference import run_reference
+from flowc.runtime.datasets import load_mnist_sample
+from flowc.runtime.session import default_session
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 

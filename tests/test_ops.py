@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import flow
-from compiler.ops import OPS
-from compiler.trace import emit
+from flowc.compiler.ops import OPS
+from flowc.compiler.trace import emit
 from tests.oracle import compile_case, finite_difference_check, trace_case
 
 rng = np.random.default_rng(1234)
@@ -181,7 +181,7 @@ def test_every_op_is_covered():
 
 
 def test_every_window_op_has_a_codegen_context():
-    from compiler.codegen.cpu import WINDOW_CONTEXTS
+    from flowc.compiler.codegen.cpu import WINDOW_CONTEXTS
     window_ops = {name for name, rule in OPS.items() if rule.kind == "window"}
     assert window_ops == set(WINDOW_CONTEXTS)
 

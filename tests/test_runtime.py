@@ -15,7 +15,7 @@ import pytest
 
 import flow
 import flow.typing as tp
-from runtime.session import default_session
+from flowc.runtime.session import default_session
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N, IN, OUT = 16, 32, 4

@@ -6,7 +6,7 @@ import pytest
 
 import flow
 import flow.typing as tp
-from compiler.stages import UnknownPassError, pass_names
+from flowc.compiler.stages import UnknownPassError, pass_names
 
 
 def make_job(scale: float):

@@ -15,9 +15,9 @@ from pathlib import Path
 import cffi
 import pytest
 
-from compiler import cache as cache_mod
-from compiler.cache import KernelCache
-from compiler.toolchain import (
+from flowc.compiler import cache as cache_mod
+from flowc.compiler.cache import KernelCache
+from flowc.compiler.toolchain import (
     BuildResult,
     ToolchainError,
     build_shared_library,
@@ -45,8 +45,8 @@ def run_child(cache_dir: Path, source: str, name: str = "answer") -> subprocess.
     """Start a separate Python process that builds `source` and prints its counters."""
     code = textwrap.dedent(
         f"""
-        from compiler.toolchain import build_shared_library
-        from compiler import cache
+        from flowc.compiler.toolchain import build_shared_library
+        from flowc.compiler import cache
         res = build_shared_library({source!r}, name={name!r})
         s = cache.stats()
         print(s["compilations"], s["hits"], res.path)

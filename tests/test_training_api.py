@@ -18,8 +18,8 @@ import pytest
 
 import flow
 import flow.typing as tp
-from compiler.reference import run_reference
-from runtime.session import default_session
+from flowc.compiler.reference import run_reference
+from flowc.runtime.session import default_session
 
 THIS_FILE = os.path.basename(__file__)
 N, IN, OUT = 8, 4, 3

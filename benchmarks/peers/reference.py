@@ -10,8 +10,8 @@ import numpy as np
 import flow
 from benchmarks.peers import NotApplicable, Step, flowc_jobs
 from benchmarks.workloads import LEARNING_RATE, Workload
-from compiler.reference import run_reference
-from runtime.session import default_session
+from flowc.compiler.reference import run_reference
+from flowc.runtime.session import default_session
 
 
 def configure(threads: int) -> None:

@@ -14,12 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.codegen.templates import environment
-from compiler.ir import Graph, c_type
-from compiler.ops import OPS
-from compiler.ops.pointwise import broadcast_strides
-from compiler.passes.fusion import Kernel
-from compiler.passes.memory import MemoryPlan
+from flowc.compiler.codegen.templates import environment
+from flowc.compiler.ir import Graph, c_type
+from flowc.compiler.ops import OPS
+from flowc.compiler.ops.pointwise import broadcast_strides
+from flowc.compiler.passes.fusion import Kernel
+from flowc.compiler.passes.memory import MemoryPlan
 
 # Below this many elements a loop runs on one thread: waking the OpenMP team costs more than a
 # small loop takes (a few microseconds on an idle machine with the team spinning, 50-150 us on the
@@ -306,7 +306,7 @@ class CppGenerator:
         n, c, h, w = x_shape
         f, cg, kh, kw = w_shape
         (sh, sw), (pt, pb, pl, pr), (dh, dw) = a.attr("strides"), a.attr("pads"), a.attr("dilation")
-        from compiler.ops.conv import out_size
+        from flowc.compiler.ops.conv import out_size
         oh, ow = out_size(h, kh, sh, pt, pb, dh), out_size(w, kw, sw, pl, pr, dw)
         groups = a.attr("groups")
         epilogue = []

@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.codegen.cpu import (CppGenerator, _coalesce, _describe_binding, _key, _Params, _term,
+from flowc.compiler.codegen.cpu import (CppGenerator, _coalesce, _describe_binding, _key, _Params, _term,
                                   matmul_geometry, reduction_extents)
-from compiler.cuda_toolchain import arch_number
-from compiler.codegen.templates import environment
-from compiler.ir import Graph, c_type
-from compiler.ops import OPS
-from compiler.passes.fusion import Kernel
-from compiler.passes.memory import MemoryPlan
+from flowc.compiler.cuda_toolchain import arch_number
+from flowc.compiler.codegen.templates import environment
+from flowc.compiler.ir import Graph, c_type
+from flowc.compiler.ops import OPS
+from flowc.compiler.passes.fusion import Kernel
+from flowc.compiler.passes.memory import MemoryPlan
 
 BLOCK = 256                # threads of the elementwise and row kernels
 ROWS_PER_BLOCK = BLOCK // 32   # row kernels give each row one warp

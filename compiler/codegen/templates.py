@@ -10,9 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-import codegen_templates
-
-TEMPLATE_ROOT = Path(codegen_templates.__file__).parent
+from flowc.compiler.resources import template_folder
 
 
 class _LazyFolderBytecodeCache(jinja2.FileSystemBytecodeCache):
@@ -25,8 +23,8 @@ class _LazyFolderBytecodeCache(jinja2.FileSystemBytecodeCache):
 
 def environment(backend: str) -> jinja2.Environment:
     """The environment for `codegen_templates/<backend>/` ("cpu" or "cuda")."""
-    from compiler.core_library import core_dir
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_ROOT / backend)),
+    from flowc.compiler.core_library import core_dir
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_folder(backend))),
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                               keep_trailing_newline=False,
                               bytecode_cache=_LazyFolderBytecodeCache(str(core_dir() / "templates")))

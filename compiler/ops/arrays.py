@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import TensorType
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import TensorType
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 
 def _infer_concat(inputs: list, attrs: dict) -> TensorType:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import FLOAT_DTYPES, TensorType
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import FLOAT_DTYPES, TensorType
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 
 def out_size(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:

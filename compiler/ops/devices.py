@@ -8,8 +8,8 @@ input's buffer and costs nothing; a split runtime would copy at that point inste
 """
 from __future__ import annotations
 
-from compiler.ir import TensorType
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import TensorType
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 DEVICES = ("cpu", "gpu")
 

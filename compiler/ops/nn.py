@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import FLOAT_DTYPES, TensorType
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import FLOAT_DTYPES, TensorType
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 
 def _float_rows(op: str, x: TensorType) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import FLOAT_DTYPES, TensorType, numpy_dtype
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import FLOAT_DTYPES, TensorType, numpy_dtype
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 
 def broadcast_shape(a: tuple, b: tuple, op: str) -> tuple:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import TensorType
-from compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ir import TensorType
+from flowc.compiler.ops import OpRule, ShapeError, register
 
 
 def normalize_axes(axis, rank: int, op: str) -> tuple[int, ...]:

@@ -8,9 +8,9 @@
 """
 from __future__ import annotations
 
-from compiler.ir import Graph, GraphBuilder, Node
-from compiler.ops.reductions import reduced_shape
-from compiler.passes.simplify import rebuild
+from flowc.compiler.ir import Graph, GraphBuilder, Node
+from flowc.compiler.ops.reductions import reduced_shape
+from flowc.compiler.passes.simplify import rebuild
 
 
 def contiguous_runs(shape: tuple, axes: tuple) -> list[list[int]]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.ir import Graph
-from compiler.ops import OPS
+from flowc.compiler.ir import Graph
+from flowc.compiler.ops import OPS
 
 
 @dataclass

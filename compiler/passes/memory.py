@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.ir import Graph
-from compiler.ops import OPS
-from compiler.passes.fusion import Kernel, view_roots
+from flowc.compiler.ir import Graph
+from flowc.compiler.ops import OPS
+from flowc.compiler.passes.fusion import Kernel, view_roots
 
 ALIGN = 64  # bytes: a cache line, and what AVX loads like
 

@@ -20,8 +20,8 @@ not pay for this pass.
 """
 from __future__ import annotations
 
-from compiler.ir import Graph, GraphBuilder
-from compiler.ops import OPS
+from flowc.compiler.ir import Graph, GraphBuilder
+from flowc.compiler.ops import OPS
 
 UNPLACED_OPS = ("input", "variable", "scalar", "constant")
 

@@ -9,8 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.ir import Graph, GraphBuilder, Node
-from compiler.ops import OPS
+from flowc.compiler.ir import Graph, GraphBuilder, Node
+from flowc.compiler.ops import OPS
 
 # A rewrite sees the node with its inputs already remapped and returns either the
 # id of an existing node to use instead, or None to keep (copy) the node.

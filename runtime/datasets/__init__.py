@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import operator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 
 __all__ = ["load_mnist_sample", "MNIST_SAMPLE_PATH"]
 
-MNIST_SAMPLE_PATH = Path(__file__).with_name("mnist_5k.npz")
+MNIST_SAMPLE_PATH = Path(str(importlib.resources.files(__name__).joinpath("mnist_5k.npz")))
 _NUM_CLASSES = 10
 
 Batches = tuple[np.ndarray, np.ndarray]

@@ -57,8 +57,8 @@ from typing import IO, Optional
 
 import numpy as np
 
-from compiler.errors import FlowError
-from runtime.datasets import _check_batch_size
+from flowc.compiler.errors import FlowError
+from flowc.runtime.datasets import _check_batch_size
 
 __all__ = [
     "MNIST_URL", "MNIST_SHA256", "IDX_FILES", "load_mnist", "read_idx", "read_idx_folder",

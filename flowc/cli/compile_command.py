@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from compiler.cli.modules import CliError, jobs_of
+from flowc.cli.modules import CliError, jobs_of
 
 EPILOG = """examples:
   flowc compile examples/mlp_train_demo.py             every job in the module
@@ -39,8 +39,8 @@ def use_cache_dir(folder: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compiler.cache import default_cache
-    from compiler.toolchain import ToolchainError
+    from flowc.compiler.cache import default_cache
+    from flowc.compiler.toolchain import ToolchainError
     use_cache_dir(args.cache_dir)
     if args.arch and args.device != "gpu":
         raise CliError("--arch needs --device gpu")

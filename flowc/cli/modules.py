@@ -75,7 +75,7 @@ def _user_traceback(error: BaseException, path: Path) -> str:
 
 def find_jobs(module: ModuleType, names: list[str] | None = None) -> list:
     """The module's `@flow.global_function` jobs (all, or those named), in definition order."""
-    from runtime.job import JobFunction
+    from flowc.runtime.job import JobFunction
     jobs = {}
     for value in vars(module).values():
         if isinstance(value, JobFunction) and value.name not in jobs:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from compiler.cli.modules import CliError, jobs_of
+from flowc.cli.modules import CliError, jobs_of
 
 EPILOG = """examples:
   flowc show train.py:train_job --passes                the passes, their time and what each changed
@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compiler.stages import UnknownPassError, pass_names
+    from flowc.compiler.stages import UnknownPassError, pass_names
     mode = next(m for m in MODES if getattr(args, m))
     if args.after and mode != "ir":
         raise CliError("--after goes with --ir")

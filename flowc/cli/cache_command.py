@@ -17,9 +17,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compiler.cache import KernelCache, default_cache
-    from compiler.cli.compile_command import use_cache_dir
-    from compiler.core_library import core_dir
+    from flowc.compiler.cache import KernelCache, default_cache
+    from flowc.cli.compile_command import use_cache_dir
+    from flowc.compiler.core_library import core_dir
     use_cache_dir(args.cache_dir)
     cache = KernelCache(core_dir()) if args.core else default_cache()
     if args.action == "info":

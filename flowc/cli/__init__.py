@@ -15,14 +15,14 @@ import argparse
 import os
 import sys
 
-from compiler.cli import cache_command, compile_command, graph_command, show_command
-from compiler.cli.modules import CliError
+from flowc.cli import cache_command, compile_command, graph_command, show_command
+from flowc.cli.modules import CliError
 
 COMMANDS = {"compile": compile_command, "show": show_command, "graph": graph_command, "cache": cache_command}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from compiler.cache import package_version
+    from flowc.compiler.cache import package_version
     parser = argparse.ArgumentParser(
         prog="flowc", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="flowc: OneFlow-style job functions compiled to C++.",

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from compiler.cli.modules import CliError, jobs_of
+from flowc.cli.modules import CliError, jobs_of
 
 FORMATS = (".dot", ".svg", ".png")
 INSTALL_DOT = ("Graphviz's `dot` is not installed: `apt-get install graphviz` (Debian/Ubuntu), "
