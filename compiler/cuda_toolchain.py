@@ -207,3 +207,21 @@ def _compile_error(cache: KernelCache, name: str, key: str, source: str, argv: l
                           f"generated source kept at: {kept_src}\n"
                           f"command: {command}\n"
                           f"nvcc output:\n{output}")
+
+
+class NvccToolchain:
+    """The GPU backend's toolchain (compiler/backends.py): a generated step -> a cached cubin for `arch`."""
+    name = "nvcc"
+
+    def __init__(self, arch: str | None = None) -> None:
+        # None: the arch of the GPU in this machine (needs PyCUDA and a device to ask)
+        self.arch = normalize_arch(arch) if arch is not None else device_arch()
+
+    def build(self, generated, name: str) -> BuildResult:
+        return build_cubin(generated.source, name, self.arch)
+
+
+def nvcc_toolchain(arch: str | None = None) -> NvccToolchain:
+    """The CUDA toolchain for `arch` ("sm_90"; None: the current device's)."""
+    return NvccToolchain(arch)
+

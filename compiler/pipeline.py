@@ -12,33 +12,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from flowc.compiler.codegen.cpu import CppGenerator, GeneratedStep
+from flowc.compiler.backends import HOST_DEVICE, get_backend
+from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
 from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify
-from flowc.compiler.passes.fusion import FusionLog, Kernel
-from flowc.compiler.passes.memory import MemoryPlan
-
-
-@dataclass
-class Program:
-    """What the passes hand each other: the graph, then its kernels, then its memory plan."""
-    graph: Graph
-    kernels: list[Kernel] | None = None
-    memory: MemoryPlan | None = None
-    log: FusionLog = field(default_factory=FusionLog)
-
-    def format(self) -> str:
-        if self.kernels is None:
-            return self.graph.format()
-        lines = [f"kernels of {self.graph.name} ({len(self.kernels)}):"]
-        for i, k in enumerate(self.kernels):
-            ops = ", ".join(f"%{n} {self.graph.node(n).op}" for n in k.nodes())
-            lines.append(f"  [{i}] {k.name} ({k.kind}): {ops}")
-        if self.memory is not None:
-            lines.append(self.memory.format(self.graph, self.kernels))
-        return self.graph.format() + "\n" + "\n".join(lines)
+from flowc.compiler.program import Program
 
 
 @dataclass
@@ -87,7 +67,7 @@ def _plan_memory(p: Program) -> Program:
 # The pass list, in order.  Names are what `flowc show --after NAME` accepts.
 PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("simplify", _graph_pass(simplify.simplify)),
-    ("place_devices", _graph_pass(placement.insert_device_copies)),   # no-op unless a node is on "gpu"
+    ("place_devices", _graph_pass(placement.insert_device_copies)),   # no-op unless a node is off the host
     ("split_reductions", _graph_pass(canonicalize.split_reductions)),
     ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
     ("simplify_again", _graph_pass(simplify.simplify)),
@@ -136,30 +116,33 @@ def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
     return program
 
 
-def generate(program: Program, profile: bool = False) -> GeneratedStep:
+def generate(program: Program, device: str = HOST_DEVICE, profile: bool = False, tf32: bool = False,
+             arch: str | None = None):
+    """The generated step of `program` for `device`'s backend (C++, or CUDA for `arch`)."""
     from flowc.compiler.cache import package_version
-    return CppGenerator(program.graph, program.kernels, program.memory, package_version(), profile).render()
+    options = GenerateOptions(version=package_version(), profile=profile, tf32=tf32, arch=arch)
+    return get_backend(device).generator().from_program(program, options).render()
 
 
 @dataclass
 class CompiledStep:
-    """A job's step ready to load: the shared library plus what the runtime needs to call it."""
+    """A job's step ready to load: the built artifact plus what the runtime needs to call it."""
     program: Program
-    generated: GeneratedStep
-    library: Path
+    generated: Any            # the backend generator's step (GeneratedStep, GeneratedCudaStep)
+    library: Path             # the artifact the backend's loaded step loads (.so, .cubin)
     source_path: Path
     compiled: bool            # False when the cache had it
     timings: dict[str, float]
     passes: list[PassRecord]
-    device: str = "cpu"       # "gpu": `library` is a cubin, `generated` a GeneratedCudaStep
-    arch: str | None = None   # the GPU arch the cubin is for ("sm_90")
+    device: str = HOST_DEVICE  # the backend it was built for (compiler/backends.py)
+    arch: str | None = None   # the device architecture it was built for, where the backend has one
 
 
-def compile_graph(graph: Graph, device: str = "cpu", arch: str | None = None) -> CompiledStep:
-    """Lower, generate and build `graph`'s step (through the compile cache).
+def compile_graph(graph: Graph, device: str = HOST_DEVICE, arch: str | None = None) -> CompiledStep:
+    """Lower, generate and build `graph`'s step for `device` (through the compile cache).
 
-    `device="gpu"` renders CUDA and builds a cubin for `arch` ("sm_90"; None: the current
-    device's), which needs nvcc but no GPU.
+    A backend with architectures (CUDA) builds for `arch` ("sm_90"; None: the current device's);
+    that needs its compiler (nvcc) but no device.
     """
     records: list[PassRecord] = []
     start = time.perf_counter()
@@ -169,46 +152,23 @@ def compile_graph(graph: Graph, device: str = "cpu", arch: str | None = None) ->
 
 
 def build_lowered(program: Program, records: list[PassRecord], timings: dict[str, float],
-                  device: str = "cpu", arch: str | None = None) -> tuple[CompiledStep, str | None]:
-    """Generate and build a lowered program: the step, and why the cache missed (None on a hit)."""
-    from flowc.compiler.toolchain import build_shared_library
-    if device == "gpu":
-        return _build_lowered_gpu(program, records, timings, arch)
-    if device != "cpu":
-        raise ValueError(f"device {device!r}: flowc generates code for 'cpu' or 'gpu'")
-    start = time.perf_counter()
-    generated = generate(program, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"))
-    timings["codegen"] = time.perf_counter() - start
-    start = time.perf_counter()
-    built = build_shared_library(generated.source, name=program.graph.name, units=generated.parts)
-    timings["compile"] = time.perf_counter() - start
-    step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records)
-    if os.environ.get("FLOWC_DEBUG"):
-        _write_debug_dump(step)
-    return step, built.miss_reason
+                  device: str = HOST_DEVICE, arch: str | None = None) -> tuple[CompiledStep, str | None]:
+    """Generate and build a lowered program: the step, and why the cache missed (None on a hit).
 
-
-def _build_lowered_gpu(program: Program, records: list[PassRecord], timings: dict[str, float],
-                       arch: str | None) -> tuple[CompiledStep, str | None]:
-    """The CUDA branch of `build_lowered`: one .cu per job and its cubin for `arch`.
-
-    FLOWC_TF32=1 runs float32 GEMMs and convolutions on TF32 tensor cores (sm_80+);
-    FLOWC_PROFILE=1 makes the runtime time every launch.
+    FLOWC_PROFILE=1 builds per-kernel timers in; FLOWC_TF32=1 runs float32 GEMMs and convolutions on
+    TF32 tensor cores where the backend has them.
     """
-    from flowc.compiler.cache import package_version
-    from flowc.compiler.codegen.cuda import CudaGenerator
-    from flowc.compiler.cuda_toolchain import build_cubin, device_arch, normalize_arch
-    arch = normalize_arch(arch) if arch is not None else device_arch()
+    backend = get_backend(device)
+    toolchain = backend.toolchain(arch)
     start = time.perf_counter()
-    generated = CudaGenerator(program.graph, program.kernels, program.memory, package_version(),
-                              profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"),
-                              tf32=os.environ.get("FLOWC_TF32", "") not in ("", "0"), arch=arch).render()
+    generated = generate(program, backend.name, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"),
+                         tf32=os.environ.get("FLOWC_TF32", "") not in ("", "0"), arch=toolchain.arch)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
-    built = build_cubin(generated.source, program.graph.name, arch)
+    built = toolchain.build(generated, program.graph.name)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
-                        device="gpu", arch=arch)
+                        device=backend.name, arch=toolchain.arch)
     if os.environ.get("FLOWC_DEBUG"):
         _write_debug_dump(step)
     return step, built.miss_reason
@@ -218,7 +178,7 @@ def _write_debug_dump(step: CompiledStep) -> None:
     folder = Path(tempfile.mkdtemp(prefix=f"flowc-{step.program.graph.name}-"))
     for i, rec in enumerate(step.passes):
         (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")
-    source_name = "step.cu" if step.device == "gpu" else "step.cpp"
+    source_name = get_backend(step.device).source_file
     (folder / source_name).write_text(step.generated.source)
     (folder / "memory_plan.txt").write_text(step.program.memory.format(step.program.graph, step.program.kernels))
     state = "compiled" if step.compiled else "from cache"

@@ -379,3 +379,21 @@ def _compile_error(
         f"command: {command}\n"
         f"compiler output:\n{stderr}{hint}"
     )
+
+
+class CppToolchain:
+    """The CPU backend's toolchain (compiler/backends.py): a generated step -> a cached shared library."""
+    name = "g++"
+    arch: str | None = None           # -march=native: the target is this machine, keyed by cpu_target()
+
+    def build(self, generated, name: str) -> BuildResult:
+        """Build `generated.source` (in `generated.parts` at once where it was split) through the cache."""
+        return build_shared_library(generated.source, name=name, units=generated.parts)
+
+
+def cpp_toolchain(arch: str | None = None) -> CppToolchain:
+    """The CPU toolchain; it builds for this machine, so an `arch` is an error."""
+    if arch is not None:
+        raise ValueError(f"arch {arch!r}: the CPU backend builds for this machine (-march=native) and takes no arch")
+    return CppToolchain()
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from flowc.compiler.backends import device_names
 from flowc.compiler.trace import _current
 
 
@@ -11,14 +12,17 @@ from flowc.compiler.trace import _current
 def placement(device_tag: str, machine_device_ids="0:0") -> Iterator[None]:
     """`with flow.scope.placement("cpu", "0:0"):` places the ops created inside on that device.
 
-    "gpu" needs the CUDA backend; without one the job runs on the CPU with a warning.
+    The device tags are the registered backends' ("cpu", "gpu"); where a placement's backend cannot
+    run (no GPU here), the job runs on the CPU with a warning.
 
     Example:
         with flow.scope.placement("cpu", "0:0"):
             logits = mlp(images)
     """
-    if device_tag not in ("cpu", "gpu"):
-        raise ValueError(f"flow.scope.placement: device_tag must be 'cpu' or 'gpu', got {device_tag!r}")
+    names = device_names()
+    if device_tag not in names:
+        raise ValueError(f"flow.scope.placement: device_tag must be {' or '.join(map(repr, names))}, "
+                         f"got {device_tag!r}")
     ctx = _current[-1] if _current else None
     if ctx is not None:
         ctx.device_stack.append(device_tag)

@@ -1,4 +1,4 @@
-"""Running a compiled CUDA step with PyCUDA: the GPU twin of `runtime.executor.LoadedStep`.
+"""Running a compiled CUDA step with PyCUDA: the GPU backend's `LoadedStep` (runtime/loaded_step.py).
 
 Imported only where `runtime.devices.gpu_status()` said a GPU is usable (it imports PyCUDA).
 
@@ -25,9 +25,11 @@ from typing import Iterator, Sequence
 import numpy as np
 import pycuda.driver as cuda
 
+from flowc.compiler.codegen.cuda import GeneratedCudaStep
 from flowc.compiler.errors import StepError
 from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.devices import DEVICE_VARIABLES_ATTR
+from flowc.runtime.loaded_step import LoadedStep
 
 MIN_ALLOC = 256    # bytes; cuMemAlloc refuses 0, and 256 is its alignment anyway
 
@@ -145,12 +147,13 @@ def _pinned(shape: tuple, dtype: str) -> np.ndarray:
     return flat[:size].reshape(shape)
 
 
-class CudaLoadedStep:
-    """A compiled CUDA step bound to its device buffers, with `depth` slots (the interface of LoadedStep)."""
+class CudaLoadedStep(LoadedStep):
+    """A compiled CUDA step bound to its device buffers, with `depth` slots."""
 
     def __init__(self, compiled, session, depth: int = 1) -> None:
-        if getattr(compiled, "device", "cpu") != "gpu":
-            raise ValueError(f"job {compiled.program.graph.name!r} was compiled for {compiled.device!r}, not 'gpu'")
+        if not isinstance(compiled.generated, GeneratedCudaStep):
+            raise ValueError(f"job {compiled.program.graph.name!r} was compiled for {compiled.device!r}, "
+                             "not for the CUDA backend")
         self.compiled = compiled
         self.graph = compiled.program.graph
         self.session = session
@@ -267,19 +270,13 @@ class CudaLoadedStep:
         self.variables.written(self.assigned)
         code = int(self.host_status[0])
         if code:
-            self._raise(code)
+            self.raise_step_error(code)
         return [out.copy() for out in slot.outputs]
-
-    def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
-        """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
-        self.feed(self.slots[0], arrays, scalars)
-        return self.compute(self.slots[0])
 
     def profile(self) -> list[tuple[str, float]]:
         """(kernel, GPU seconds summed over the steps so far), for a step compiled with FLOWC_PROFILE=1."""
         if not self._profiled:
-            raise RuntimeError(f"job {self.graph.name!r} was compiled without per-kernel timers; "
-                               "set FLOWC_PROFILE=1 before its first call")
+            raise self.profile_not_built(self.graph)
         totals: dict[str, float] = {}
         for name, seconds in zip(self._profiled, self._seconds):
             totals[name] = totals.get(name, 0.0) + seconds
@@ -288,12 +285,3 @@ class CudaLoadedStep:
     def sync_to_host(self) -> None:
         """Copy every variable this session's GPU jobs changed back into the session's arrays."""
         self.variables.to_host()
-
-    def _raise(self, code: int) -> None:
-        node_id = self.compiled.generated.error_nodes.get(code)
-        node = self.graph.node(node_id) if node_id is not None else None
-        if node is not None and node.op.startswith("sparse_softmax_cross_entropy"):
-            classes = self.graph.node(node.inputs[0]).type.shape[-1]
-            raise StepError(f"{node.loc}: sparse_softmax_cross_entropy_with_logits: a label is out of range "
-                            f"[0, {classes}) in job {self.graph.name!r}")
-        raise StepError(f"job {self.graph.name!r}: step failed with code {code}")

@@ -1,11 +1,11 @@
-"""Which device a job runs on, and the one door to the CUDA runtime.
+"""Which device a job runs on, and the one door from the runtime to each backend's loaded step.
 
-Nothing here imports PyCUDA unless it is installed, and nothing imports
-`runtime.cuda_executor` (which does import it) unless a GPU is usable, so a machine
-without a GPU never loads any GPU code:
+The devices are the registered backends (compiler/backends.py).  Nothing here imports PyCUDA
+unless it is installed, and nothing imports a backend's executor (the CUDA one imports PyCUDA)
+unless that backend can run here, so a machine without a GPU never loads any GPU code:
 
-    usable, why = gpu_status()                   # never raises
-    device, warning = job_device(graph)          # "gpu", or "cpu" plus why not
+    usable, why = gpu_status()                   # the CUDA backend's probe; never raises
+    device, warning = job_device(graph)          # where the placement asks, or the host plus why not
     step = load_step(compile_graph(graph, device), session, depth)
     ...
     sync_to_host(session)                        # before reading variables on the host
@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.ir import Graph
 
 STRICT_ENV = "FLOWC_STRICT_DEVICE"
@@ -27,7 +28,8 @@ DEVICE_VARIABLES_ATTR = "_flowc_device_variables"
 
 
 class DeviceUnavailable(RuntimeError):
-    """A job is placed on "gpu", no GPU can run it, and FLOWC_STRICT_DEVICE=1 forbids the CPU fallback."""
+    """A job is placed on a device that cannot run it here, and FLOWC_STRICT_DEVICE=1 forbids the
+    fallback to the host."""
 
 
 def _nvcc_found() -> bool:
@@ -65,34 +67,39 @@ def gpu_status() -> tuple[bool, str]:
         return False, f"GPU 0 cannot be queried: {type(e).__name__}: {e}"
 
 
-def wants_gpu(graph: Graph) -> bool:
-    """Did the user place any op of this job on "gpu"?"""
-    return any(n.type.device == "gpu" for n in graph.nodes)
+def placed_device(graph: Graph) -> str:
+    """The device the user placed this job's ops on: the first one off the host, else the host."""
+    return next((n.type.device for n in graph.nodes if n.type.device != HOST_DEVICE), HOST_DEVICE)
+
+
+@functools.lru_cache(maxsize=None)
+def device_status(device: str) -> tuple[bool, str]:
+    """(usable, why not / what runs it) for `device`'s backend, asked once per process."""
+    return get_backend(device).status()
 
 
 def job_device(graph: Graph) -> tuple[str, str | None]:
-    """Where `graph` runs: ("gpu", None), ("cpu", None), or ("cpu", the warning to show once).
+    """Where `graph` runs: (its placement, None), or (the host, the warning to show once) when the
+    placement's backend cannot run here.
 
     Raises DeviceUnavailable instead of falling back when FLOWC_STRICT_DEVICE=1.
     """
-    if not wants_gpu(graph):
-        return "cpu", None
-    usable, why = gpu_status()
+    device = placed_device(graph)
+    if device == HOST_DEVICE:
+        return HOST_DEVICE, None
+    usable, why = device_status(device)
     if usable:
-        return "gpu", None
-    message = f"job {graph.name!r} is placed on \"gpu\", but no GPU can run it here: {why}; it runs on the CPU"
+        return device, None
+    message = (f"job {graph.name!r} is placed on {device!r}, but no such device can run it here: {why}; "
+               f"it runs on the {HOST_DEVICE.upper()}")
     if os.environ.get(STRICT_ENV) == "1":
         raise DeviceUnavailable(message + f" ({STRICT_ENV}=1 makes this an error)")
-    return "cpu", message
+    return HOST_DEVICE, message
 
 
 def load_step(compiled, session, depth: int = 1):
-    """The loaded step for `compiled`: a CPU `LoadedStep`, or a `CudaLoadedStep` when it was built for "gpu"."""
-    if getattr(compiled, "device", "cpu") == "gpu":
-        from flowc.runtime.cuda_executor import CudaLoadedStep
-        return CudaLoadedStep(compiled, session, depth)
-    from flowc.runtime.executor import LoadedStep
-    return LoadedStep(compiled, session, depth)
+    """The loaded step for `compiled`: the `LoadedStep` of the backend it was built for."""
+    return get_backend(compiled.device).loaded_step()(compiled, session, depth)
 
 
 def sync_to_host(session, names=None) -> None:

@@ -1,6 +1,6 @@
 """Running a compiled step: buffers bound once, then one foreign call per step.
 
-`LoadedStep` owns everything a step touches besides the session's variables: the
+`CpuLoadedStep` owns everything a step touches besides the session's variables: the
 arena from the memory plan and `depth` register slots, each with one input buffer
 per placeholder (feeding copies the caller's arrays into them, so the caller may
 reuse its arrays at once), one buffer per runtime scalar, and the pointer table the
@@ -16,9 +16,9 @@ import cffi
 import numpy as np
 
 from flowc.compiler.core_library import load_core
-from flowc.compiler.errors import StepError
 from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.pipeline import CompiledStep
+from flowc.runtime.loaded_step import LoadedStep
 
 _ffi = cffi.FFI()
 _ffi.cdef("int flowc_step(void* const* ptrs); const double* flowc_profile(void);")
@@ -35,7 +35,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 class Slot:
     """One register slot: the inputs and scalars of one step in flight, and its pointer table."""
 
-    def __init__(self, step: "LoadedStep") -> None:
+    def __init__(self, step: "CpuLoadedStep") -> None:
         graph = step.graph
         self.inputs: list[np.ndarray] = []
         for p in graph.placeholders:
@@ -49,8 +49,8 @@ class Slot:
         self.outputs = [step.view(o, self) for o in graph.outputs]
 
 
-class LoadedStep:
-    """A compiled step bound to its buffers, with `depth` slots so calls can be fed ahead."""
+class CpuLoadedStep(LoadedStep):
+    """The CPU backend's step: a cffi-loaded library bound to its buffers, with `depth` slots."""
 
     def __init__(self, compiled: CompiledStep, session, depth: int = 1) -> None:
         self.compiled = compiled
@@ -123,28 +123,13 @@ class LoadedStep:
         """Run the step on `slot` (one foreign call, GIL released) and copy its outputs out."""
         code = self.lib.flowc_step(slot.table)
         if code:
-            self._raise(code)
+            self.raise_step_error(code)
         return [v.copy() for v in slot.outputs]
-
-    def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
-        """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
-        self.feed(self.slots[0], arrays, scalars)
-        return self.compute(self.slots[0])
 
     def profile(self) -> list[tuple[str, float]]:
         """(kernel, seconds summed over the steps so far), for a step built with FLOWC_PROFILE=1."""
         names = self.compiled.generated.profiled_kernels
         if not names:
-            raise RuntimeError(f"job {self.graph.name!r} was compiled without per-kernel timers; "
-                               "set FLOWC_PROFILE=1 before its first call")
+            raise self.profile_not_built(self.graph)
         seconds = self.lib.flowc_profile()
         return [(name, seconds[i]) for i, name in enumerate(names)]
-
-    def _raise(self, code: int) -> None:
-        node = self.graph.node(self.compiled.generated.error_nodes.get(code, -1)) \
-            if code in self.compiled.generated.error_nodes else None
-        if node is not None and node.op.startswith("sparse_softmax_cross_entropy"):
-            classes = self.graph.node(node.inputs[0]).type.shape[-1]
-            raise StepError(f"{node.loc}: sparse_softmax_cross_entropy_with_logits: a label is out of range "
-                            f"[0, {classes}) in job {self.graph.name!r}")
-        raise StepError(f"job {self.graph.name!r}: step failed with code {code}")

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from flowc.compiler.backends import HOST_DEVICE, device_names
 from flowc.compiler.errors import JobCallError
 from flowc.compiler.ir import dtype_name, numpy_dtype
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
@@ -92,7 +93,7 @@ class JobFunction:
         self._traced = None         # the TracedJob, once traced (in self._session)
         self._trace_seconds = 0.0
         self._compiled = None       # the CompiledStep, once built
-        self._device = "cpu"        # where the traced job runs: "cpu" or "gpu"
+        self._device = HOST_DEVICE  # where the traced job runs: a device name of compiler/backends.py
         self.loaded = None          # the LoadedStep, once traced and compiled
         self.register = None        # its slots in flight
         functools.update_wrapper(self, fn)
@@ -128,7 +129,8 @@ class JobFunction:
     def lower(self, device: str | None = None):
         """Trace the job (if not yet) and run every compiler pass: a `compiler.stages.Lowered`.
 
-        `device` ("cpu" or "gpu") overrides where the job's placement and this machine would run it.
+        `device` (a registered device: "cpu", "gpu") overrides where the job's placement and this
+        machine would run it.
 
         Example:
             lowered = train_job.lower()
@@ -137,8 +139,9 @@ class JobFunction:
         """
         from flowc.compiler.pipeline import lower
         from flowc.compiler.stages import Lowered
-        if device not in (None, "cpu", "gpu"):
-            raise ValueError(f"job {self.name!r}: device must be 'cpu' or 'gpu', got {device!r}")
+        if device is not None and device not in device_names():
+            raise ValueError(f"job {self.name!r}: device must be {' or '.join(map(repr, device_names()))}, "
+                             f"got {device!r}")
         traced = self._trace()
         records: list = []
         start = time.perf_counter()
@@ -158,7 +161,7 @@ class JobFunction:
 
     def _adopt(self, step) -> None:
         """Take a step built by `Lowered.compile()`: the next call loads it instead of compiling.
-        A step built for another device (e.g. `lower(device="gpu")` on a machine without one, ahead
+        A step built for another device (e.g. a GPU build on a machine without one, ahead
         of time) is only an artifact in the cache: the job keeps compiling for where it runs."""
         if step.device != self._device:
             return

@@ -16,7 +16,7 @@ from flowc.compiler.ir import Graph, dtype_name
 from flowc.compiler.pipeline import compile_graph
 from flowc.compiler.reference import run_reference
 from flowc.compiler.trace import TraceContext, emit, tracing
-from flowc.runtime.executor import LoadedStep
+from flowc.runtime.executor import CpuLoadedStep
 from flowc.runtime.session import Session
 
 
@@ -71,7 +71,7 @@ def cotangents(graph: Graph, n_inputs: int, rng: np.random.Generator) -> list[np
 def compile_case(fn: Callable, inputs: Sequence[np.ndarray], grads: bool = True, seed: int = 0) -> Case:
     graph, n_values, grad_inputs = trace_case(fn, inputs, grads)
     feeds = list(inputs) + cotangents(graph, len(inputs), np.random.default_rng(seed))
-    step = LoadedStep(compile_graph(graph), Session())
+    step = CpuLoadedStep(compile_graph(graph), Session())
     compiled = step.run(feeds)
     reference, _ = run_reference(graph, feeds, {})
     return Case(graph, compiled, reference, n_values, grad_inputs)

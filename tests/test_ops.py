@@ -180,12 +180,6 @@ def test_every_op_is_covered():
     assert not missing, f"ops without a test case: {missing}"
 
 
-def test_every_window_op_has_a_codegen_context():
-    from flowc.compiler.codegen.cpu import WINDOW_CONTEXTS
-    window_ops = {name for name, rule in OPS.items() if rule.kind == "window"}
-    assert window_ops == set(WINDOW_CONTEXTS)
-
-
 def test_out_of_range_label_is_a_clear_error():
     x = rand(4, 3)
     with pytest.raises(flow.StepError, match="out of range"):

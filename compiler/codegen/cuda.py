@@ -1,12 +1,12 @@
 """CUDA for NVIDIA GPUs: the CPU backend's kernels, rendered through codegen_templates/cuda/*.cu.j2.
 
 `CudaGenerator` consumes the same `Program` as `CppGenerator` (the graph, the kernels of the
-fusion passes, the memory plan) and subclasses it: what a kernel computes (the fused pointwise
-statements, the epilogues, the convolution and pooling geometry) comes from the CPU generator's
-helpers unchanged, so both backends implement one semantics.  What differs is how a kernel is
-laid out on the GPU, one method per kernel kind (the tables at the end of this file), and that
-a step is not one exported function but a translation unit of `extern "C" __global__` kernels
-plus a launch list the runtime replays in order on the job's stream:
+fusion passes, the memory plan) and is its sibling over `KernelGenerator` (common.py): what a
+kernel computes (the fused pointwise statements, the epilogues, the convolution and pooling
+geometry) is shared, so both backends implement one semantics.  What differs is how a kernel is
+laid out on the GPU (one method per kernel kind, and `LOWERINGS` for the row and window ops), and
+that a step is not one exported function but a translation unit of `extern "C" __global__`
+kernels plus a launch list the runtime replays in order on the job's stream:
 
     gen = CudaGenerator(program.graph, program.kernels, program.memory, version)
     step = gen.render()
@@ -21,17 +21,17 @@ their data (labels out of range) raise with atomicMax.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
-from flowc.compiler.codegen.cpu import (CppGenerator, _coalesce, _describe_binding, _key, _Params, _term,
-                                  matmul_geometry, reduction_extents)
-from flowc.compiler.cuda_toolchain import arch_number
+from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, Lowering, Params, coalesce,
+                                           describe_binding, gemm_offset, matmul_geometry, reduction_extents, term)
 from flowc.compiler.codegen.templates import environment
+from flowc.compiler.cuda_toolchain import arch_number
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
-from flowc.compiler.passes.fusion import Kernel
-from flowc.compiler.passes.memory import MemoryPlan
+from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 
 BLOCK = 256                # threads of the elementwise and row kernels
 ROWS_PER_BLOCK = BLOCK // 32   # row kernels give each row one warp
@@ -80,13 +80,6 @@ class GeneratedCudaStep:
     tensor_cores: bool = False       # GEMMs on TF32 tensor cores
 
 
-class _CudaParams(_Params):
-    """A kernel's pointer parameters; the launch gets their bindings instead of C expressions."""
-
-    def arguments(self) -> list[tuple]:          # type: ignore[override]
-        return [self.gen.binding(n) for n in self.order]
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -102,12 +95,31 @@ def _pow2_block(n: int) -> int:
     return b
 
 
-class CudaGenerator(CppGenerator):
+class CudaGenerator(KernelGenerator):
     """Renders a lowered program as one CUDA translation unit and its launch list.
 
     `tf32=True` runs float32 GEMMs and convolutions on tensor cores (TF32 inputs, FP32
     accumulation) where `arch` has them (sm_80 and newer); the default is exact FP32.
     """
+    LOWERINGS: ClassVar[dict[str, Lowering]] = {
+        "softmax": Lowering("_row_template", "softmax.cu.j2"),
+        "argmax": Lowering("_row_template", "argmax.cu.j2"),
+        "sparse_softmax_cross_entropy": Lowering("_xent_loss", "sparse_xent.cu.j2"),
+        "sparse_softmax_cross_entropy_grad": Lowering("_xent_grad", "sparse_xent.cu.j2"),
+        "conv2d": Lowering("_conv2d", "conv2d.cu.j2", "conv_context"),
+        "conv2d_grad_input": Lowering("_conv2d_grad_input", "conv2d_grad_input.cu.j2", "conv_context"),
+        "conv2d_grad_filter": Lowering("_conv2d_grad_filter", "conv2d_grad_filter.cu.j2", "conv_context"),
+        "max_pool2d": Lowering("_pool2d", "pool2d.cu.j2", "pool_context"),
+        "avg_pool2d": Lowering("_pool2d", "pool2d.cu.j2", "pool_context"),
+        "max_pool2d_grad": Lowering("_pool2d_grad", "pool2d_grad.cu.j2", "pool_context"),
+        "avg_pool2d_grad": Lowering("_pool2d_grad", "pool2d_grad.cu.j2", "pool_context"),
+        "concat": Lowering("_concat", "concat.cu.j2", "copy_context"),
+        "slice_axis": Lowering("_slice_axis", "slice_axis.cu.j2", "copy_context"),
+    }
+    KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
+        "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",
+        "row": "_row", "window": "_window", "xent_fused": "_xent_fused",
+    }
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
                  profile: bool = False, tf32: bool = False, arch: str = "sm_80") -> None:
@@ -123,10 +135,18 @@ class CudaGenerator(CppGenerator):
         self.scratch_bytes = 0
         self.templates: list[str] = []
 
+    @classmethod
+    def from_program(cls, program, options: GenerateOptions) -> "CudaGenerator":
+        assert options.arch is not None, "the CUDA generator needs the arch it generates for"
+        return cls(program.graph, program.kernels, program.memory, options.version, options.profile,
+                   tf32=options.tf32, arch=options.arch)
+
     # -- buffers --------------------------------------------------------------------------
     def binding(self, node_id: int) -> tuple:
         buf = self.memory.storage[node_id]
         return ("arena", buf.key) if buf.kind == "arena" else (buf.kind, buf.key)
+
+    argument = binding      # a launch passes each buffer as its binding; the runtime resolves it
 
     def _error_code(self, k: Kernel) -> int:
         code = len(self.error_nodes) + 1
@@ -148,8 +168,8 @@ class CudaGenerator(CppGenerator):
         launches: list[Launch] = []
         for k in self.kernels:
             writes = {n for n in k.nodes() if self.stored(n, k)}
-            params = _CudaParams(self, writes)
-            text, kernel_launches = getattr(self, KERNEL_KINDS[k.kind])(k, params)
+            params = Params(self, writes)
+            text, kernel_launches = getattr(self, self.KIND_METHODS[k.kind])(k, params)
             sources.append(text)
             launches.extend(kernel_launches)
         copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
@@ -160,34 +180,34 @@ class CudaGenerator(CppGenerator):
                 bindings.append(b)
         source = _env.get_template("step.cu.j2").render(
             version=self.version, job=self.graph.name, kernels=sources, notes=self.notes,
-            launches=launches, copies=copies, bindings=[_describe_binding(b) for b in bindings],
+            launches=launches, copies=copies, bindings=[describe_binding(b) for b in bindings],
             uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
         return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes),
                                  [la.kernel for la in launches] if self.profile else [],
                                  self.scratch_bytes, list(self.templates), self.tensor_cores)
 
     # -- pointwise ----------------------------------------------------------------------------
-    def _pointwise(self, k: Kernel, params: _CudaParams):
+    def _pointwise(self, k: Kernel, params: Params):
         loops, begin = [], 0
         for members in k.loops:
             lp = self._loop(k, members, params, begin)
             loops.append(lp)
             begin = lp["end"]
-        text = self._template("pointwise.cu.j2", name=k.name, comment=self._comment(k), I=self._index_type(begin),
+        text = self._template("pointwise.cu.j2", name=k.name, comment=self.comment(k), I=self._index_type(begin),
                               params=params.declarations(), loops=loops, total=begin, block=BLOCK)
         return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
-    def _loop(self, k: Kernel, members: list[int], params: _CudaParams, begin: int) -> dict:
+    def _loop(self, k: Kernel, members: list[int], params: Params, begin: int) -> dict:
         """One loop of a pointwise kernel: index `i` in [0, size) of its output, offset by `begin`
         in the kernel's flattened range; operands read at their (broadcast) strides."""
         shape = self.graph.node(members[-1]).type.shape
-        dims, merged = _coalesce(shape, self._loop_strides(members))
+        dims, merged = coalesce(shape, self.loop_strides(members))
         size = int(np.prod(shape, dtype=np.int64))
         index: list[str] = []
         if len(dims) <= 1:
             def offset(strides: list[int]) -> str:
-                s = merged[_key(strides)]
-                return _term("i", s[0] if s else 0)
+                s = merged[tuple(strides)]
+                return term("i", s[0] if s else 0)
         else:
             index.append(f"{self.I} rem = i;")
             for d in range(len(dims) - 1, 0, -1):
@@ -195,14 +215,14 @@ class CudaGenerator(CppGenerator):
             index.append(f"const {self.I} d0 = rem;")
 
             def offset(strides: list[int]) -> str:
-                s = merged[_key(strides)]
-                return " + ".join(t for t in (_term(f"d{d}", s[d]) for d in range(len(dims))) if t != "0") or "0"
+                s = merged[tuple(strides)]
+                return " + ".join(t for t in (term(f"d{d}", s[d]) for d in range(len(dims))) if t != "0") or "0"
         body = self.pointwise_lines(k, members, params, offset)
         return {"begin": begin, "end": begin + size, "shape": list(shape), "index": index, "body": body,
                 "ops": ", ".join(self.graph.node(m).op for m in members)}
 
     # -- reductions ---------------------------------------------------------------------------
-    def _reduction(self, k: Kernel, params: _CudaParams):
+    def _reduction(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor)
         x = self.graph.node(a.inputs[0])
         outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
@@ -212,7 +232,7 @@ class CudaGenerator(CppGenerator):
         # inner == 1: one block per output, its threads along the row; else one thread per output.
         block = _pow2_block(reduced) if inner == 1 else BLOCK
         grid = (max(1, min(outer, MAX_GRID)), 1, 1) if inner == 1 else _grid_1d(outer * inner)
-        text = self._template("reduction.cu.j2", name=k.name, comment=self._comment(k), T=t, outer=outer,
+        text = self._template("reduction.cu.j2", name=k.name, comment=self.comment(k), T=t, outer=outer,
                               reduced=reduced, inner=inner, X=params.use(x.id), OUT=params.use(a.id),
                               init=rule.c_init.format(T=t), combine=rule.c_expr.format("acc", "x"),
                               epilogue=epilogue, block=block, params=params.declarations())
@@ -226,7 +246,7 @@ class CudaGenerator(CppGenerator):
             return f"flowc::gemm_tile_tf32<{flags}>", TF32_THREADS
         return f"flowc::gemm_tile<{c_type(dtype)}, {flags}>", GEMM_THREADS
 
-    def _matmul(self, k: Kernel, params: _CudaParams):
+    def _matmul(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor)
         A, B = a.inputs
         g = matmul_geometry(self.graph, a)
@@ -235,8 +255,8 @@ class CudaGenerator(CppGenerator):
             raise CudaCodegenError(f"{a.loc}: {k.name}: a batched matmul has no epilogue (fusion refuses it)")
         lda, ldb = g.lda, g.ldb
         tile, threads = self._tile(a.type.dtype, not ta, not tb)
-        epilogue = self.pointwise_lines(k, k.members, params, _gemm_offset, anchor_value="acc") if k.members else []
-        text = self._template("matmul.cu.j2", name=k.name, comment=self._comment(k), T=c_type(a.type.dtype),
+        epilogue = self.pointwise_lines(k, k.members, params, gemm_offset, anchor_value="acc") if k.members else []
+        text = self._template("matmul.cu.j2", name=k.name, comment=self.comment(k), T=c_type(a.type.dtype),
                               M=M, N=N, K=K, batch=batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
                               a_index=f"({self.I})k * {lda} + m" if ta else f"({self.I})m * {lda} + k",
                               b_index=f"({self.I})n * {ldb} + k" if tb else f"({self.I})k * {ldb} + n",
@@ -251,15 +271,15 @@ class CudaGenerator(CppGenerator):
                                    f"at most {MAX_GRID} in y and z")
 
     # -- row kernels -------------------------------------------------------------------------------
-    def _row(self, k: Kernel, params: _CudaParams):
-        return getattr(self, ROW_KERNELS[self.graph.node(k.anchor).op])(k, params)
+    def _row(self, k: Kernel, params: Params):
+        return getattr(self, self.lowering(self.graph.node(k.anchor).op).method)(k, params)
 
-    def _row_template(self, k: Kernel, params: _CudaParams):
+    def _row_template(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor)
         x = self.graph.node(a.inputs[0])
         cols = x.type.shape[-1]
         rows = x.type.size // cols
-        text = self._template(ROW_TEMPLATES[a.op], name=k.name, comment=self._comment(k),
+        text = self._template(self.lowering(a.op).template, name=k.name, comment=self.comment(k),
                               T=c_type(x.type.dtype), rows=rows, cols=cols, X=params.use(x.id),
                               OUT=params.use(a.id), params=params.declarations(), block=BLOCK,
                               rows_per_block=ROWS_PER_BLOCK)
@@ -268,16 +288,16 @@ class CudaGenerator(CppGenerator):
     def _row_grid(self, rows: int) -> tuple[int, int, int]:
         return (max(1, min(_ceil_div(rows, ROWS_PER_BLOCK), MAX_GRID)), 1, 1)
 
-    def _xent_loss(self, k: Kernel, params: _CudaParams):
+    def _xent_loss(self, k: Kernel, params: Params):
         return self._xent(k, params, loss=self.graph.node(k.anchor), grad=None)
 
-    def _xent_grad(self, k: Kernel, params: _CudaParams):
+    def _xent_grad(self, k: Kernel, params: Params):
         return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor))
 
-    def _xent_fused(self, k: Kernel, params: _CudaParams):
+    def _xent_fused(self, k: Kernel, params: Params):
         return self._xent(k, params, loss=self.graph.node(k.anchor), grad=self.graph.node(k.second))
 
-    def _xent(self, k: Kernel, params: _CudaParams, loss, grad):           # type: ignore[override]
+    def _xent(self, k: Kernel, params: Params, loss, grad):
         main = loss or grad
         logits, labels = (self.graph.node(i) for i in main.inputs[:2])
         cols = logits.type.shape[-1]
@@ -286,7 +306,7 @@ class CudaGenerator(CppGenerator):
                  "LOSS": params.use(loss.id) if loss else "",
                  "DY": params.use(grad.inputs[2]) if grad else "", "DX": params.use(grad.id) if grad else ""}
         code = self._error_code(k)
-        text = self._template("sparse_xent.cu.j2", name=k.name, comment=self._comment(k),
+        text = self._template(self.lowering(main.op).template, name=k.name, comment=self.comment(k),
                               T=c_type(logits.type.dtype), rows=rows, cols=cols, loss=loss is not None,
                               grad=grad is not None, code=code, params=params.declarations(), block=BLOCK,
                               rows_per_block=ROWS_PER_BLOCK, **names)
@@ -294,27 +314,25 @@ class CudaGenerator(CppGenerator):
         return text, [Launch(k.name, self._row_grid(rows), (BLOCK, 1, 1), 0, args)]
 
     # -- window kernels: the CPU generator's geometry, a GPU layout per op ---------------------------
-    def _window(self, k: Kernel, params: _CudaParams):
+    def _window(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor)
-        context_method, layout_method = WINDOW_KERNELS[a.op]
-        ctx = {"name": k.name, "comment": self._comment(k), "T": c_type(a.type.dtype), "op": a.op}
-        ctx.update(getattr(self, context_method)(k, a, params))
-        return getattr(self, layout_method)(k, a, params, ctx)
+        ctx = self.window_context(k, a, params)
+        return getattr(self, self.lowering(a.op).method)(k, a, params, ctx)
 
-    def _conv2d(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _conv2d(self, k: Kernel, a, params: Params, ctx: dict):
         tile, threads = self._tile(a.type.dtype, True, True)
-        text = self._template("conv2d.cu.j2", tile=tile, threads=threads, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(), **ctx)
         grid = (_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
         self._check_grid(a, grid)
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
 
-    def _conv2d_grad_input(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _conv2d_grad_input(self, k: Kernel, a, params: Params, ctx: dict):
         total = ctx["N"] * ctx["C"] * ctx["H"] * ctx["W"]
-        text = self._template("conv2d_grad_input.cu.j2", total=total, block=BLOCK,
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK,
                               params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
-    def _conv2d_grad_filter(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _conv2d_grad_filter(self, k: Kernel, a, params: Params, ctx: dict):
         # dW[f, k] sums over every image and pixel (N * P terms, 57,600 for the seed LeNet's first
         # layer) but has few outputs: split that sum over blocks, each writing its partial to
         # scratch, and add the partials in split order in a second kernel (deterministic).
@@ -326,7 +344,7 @@ class CudaGenerator(CppGenerator):
         if splits > 1:
             self.scratch_bytes = max(self.scratch_bytes, splits * ctx["F"] * ctx["K"] * itemsize)
         tile, threads = self._tile(a.type.dtype, True, False)
-        text = self._template("conv2d_grad_filter.cu.j2", tile=tile, threads=threads, splits=splits, chunk=chunk,
+        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, splits=splits, chunk=chunk,
                               R=reduce_len, block=BLOCK, params=params.declarations(),
                               I=self._index_type(splits * ctx["F"] * ctx["K"]), **ctx)
         grid = (_ceil_div(ctx["K"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["groups"] * splits)
@@ -339,60 +357,35 @@ class CudaGenerator(CppGenerator):
                       Launch(f"{k.name}_sum", _grid_1d(ctx["F"] * ctx["K"]), (BLOCK, 1, 1), 0,
                              (self.binding(a.id), scratch))]
 
-    def _pool2d(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _pool2d(self, k: Kernel, a, params: Params, ctx: dict):
         names = {"X": f"b{a.inputs[0]}", "OUT": f"b{a.id}"}
         total = ctx["planes"] * ctx["OH"] * ctx["OW"]
-        text = self._template("pool2d.cu.j2", total=total, block=BLOCK, params=params.declarations(),
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, params=params.declarations(),
                               **names, **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
-    def _pool2d_grad(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _pool2d_grad(self, k: Kernel, a, params: Params, ctx: dict):
         names = {"X": f"b{a.inputs[0]}" if a.op == "max_pool2d_grad" else "",
                  "DY": f"b{a.inputs[-1]}", "DX": f"b{a.id}"}
         total = ctx["planes"] * ctx["H"] * ctx["W"]
-        text = self._template("pool2d_grad.cu.j2", total=total, block=BLOCK, params=params.declarations(),
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, params=params.declarations(),
                               **names, **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
-    def _concat(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _concat(self, k: Kernel, a, params: Params, ctx: dict):
         begin = 0
         for part in ctx["parts"]:
             part["begin"], begin = begin, begin + ctx["outer"] * part["block"]
             part["end"] = begin
-        text = self._template("concat.cu.j2", total=begin, block=BLOCK, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=begin, block=BLOCK, params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
-    def _slice_axis(self, k: Kernel, a, params: _CudaParams, ctx: dict):
+    def _slice_axis(self, k: Kernel, a, params: Params, ctx: dict):
         total = ctx["outer"] * ctx["out_block"]
-        text = self._template("slice_axis.cu.j2", total=total, block=BLOCK, X=f"b{a.inputs[0]}", OUT=f"b{a.id}",
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}", OUT=f"b{a.id}",
                               params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
 
-def _gemm_offset(strides: list[int]) -> str:
-    """Offset of an epilogue operand at row i0, column i1 of a GEMM's output."""
-    terms = [t for t in (_term("i0", strides[0]), _term("i1", strides[1])) if t != "0"]
-    return " + ".join(terms) or "0"
-
-
-# Kernel kind (compiler/passes/fusion.py) -> the method that lays it out.
-KERNEL_KINDS = {
-    "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",
-    "row": "_row", "xent_fused": "_xent_fused", "window": "_window",
-}
-# Row ops -> method; the plain ones render ROW_TEMPLATES[op].
-ROW_KERNELS = {
-    "softmax": "_row_template", "argmax": "_row_template",
-    "sparse_softmax_cross_entropy": "_xent_loss", "sparse_softmax_cross_entropy_grad": "_xent_grad",
-}
-ROW_TEMPLATES = {"softmax": "softmax.cu.j2", "argmax": "argmax.cu.j2"}
-# Window ops -> (the CPU generator's context method: the geometry, the GPU layout method).
-WINDOW_KERNELS = {
-    "conv2d": ("_conv_context", "_conv2d"),
-    "conv2d_grad_input": ("_conv_context", "_conv2d_grad_input"),
-    "conv2d_grad_filter": ("_conv_context", "_conv2d_grad_filter"),
-    "max_pool2d": ("_pool_context", "_pool2d"), "avg_pool2d": ("_pool_context", "_pool2d"),
-    "max_pool2d_grad": ("_pool_context", "_pool2d_grad"), "avg_pool2d_grad": ("_pool_context", "_pool2d_grad"),
-    "concat": ("_copy_context", "_concat"), "slice_axis": ("_copy_context", "_slice_axis"),
-}
+# Templates whose kernels call the tile GEMM of flowc_cuda_gemm.h (the step then includes it).
 GEMM_TEMPLATES = {"matmul.cu.j2", "conv2d.cu.j2", "conv2d_grad_filter.cu.j2"}

@@ -12,8 +12,10 @@ means adding a row, not editing switches across files:
               name and `i` (the element's linear index);
               reductions: how the accumulator `{0}` combines with an element `{1}`
 * `c_init`    reductions: the identity element
-* `template`  for row ops, the name of the kernel template under codegen_templates/cpu/
 * `input_strides` for pointwise ops that read their input at a remapped index (transpose)
+
+A row holds the op's semantics only.  How each backend lowers it (which kernel template, which
+layout) lives with that backend: `LOWERINGS` in compiler/codegen/cpu.py and cuda.py.
 
 Rows are registered by the modules imported at the bottom of this file.
 """
@@ -38,7 +40,6 @@ class OpRule:
     gradient: Optional[Callable] = None     # (GradEmitter, node, dy) -> list of input grads (id or None)
     c_expr: Optional[str] = None             # pointwise: the value; reduction: combine {0} (acc) with {1}
     c_init: Optional[str] = None             # reduction only: the identity, a C++ expression over {T}
-    template: Optional[str] = None           # row kernels only
     differentiable: bool = True              # False: no gradient flows through (argmax, masks)
     # pointwise ops that read their input at another index than their own (transpose):
     # (attrs, input shape, output shape) -> element strides of the input per output dim

@@ -1,7 +1,7 @@
 """Concatenation and slicing along one axis (the slice is concat's gradient).
 
-Both are copies viewed as (outer, axis, inner) blocks, one template each under
-codegen_templates/cpu/.
+Both are copies viewed as (outer, axis, inner) blocks, one template each per backend
+(see `LOWERINGS` in compiler/codegen/).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _slice_grad(e, node, dy):
 
 
 register(OpRule("concat", "window", _infer_concat,
-                lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_grad, template="concat.cpp.j2"))
+                lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_grad))
 register(OpRule("slice_axis", "window", _infer_slice,
                 lambda x, axis, begin, end: np.ascontiguousarray(np.take(x, range(begin, end), axis=axis)),
-                None, template="slice_axis.cpp.j2", differentiable=False))
+                None, differentiable=False))

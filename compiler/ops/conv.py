@@ -4,7 +4,7 @@ Attributes are explicit: `strides` (sh, sw), `pads` (top, bottom, left, right),
 `dilation` (dh, dw), `groups`; "SAME"/"VALID" are resolved by the API.  The
 backward ops (`conv2d_grad_input`, `conv2d_grad_filter`, `max_pool2d_grad`,
 `avg_pool2d_grad`) are ops of their own, each with a NumPy reference and a kernel.
-All lower to templates under codegen_templates/cpu/ (kind "window").
+All are window ops: each backend lowers them through its own templates (`LOWERINGS`).
 """
 from __future__ import annotations
 
@@ -129,11 +129,9 @@ def _infer_grad_filter(inputs: list, attrs: dict) -> TensorType:
     return TensorType(tuple(attrs["filter_shape"]), x.dtype)
 
 
-register(OpRule("conv2d", "window", _infer_conv, conv_reference, _conv_grad, template="conv2d.cpp.j2"))
-register(OpRule("conv2d_grad_input", "window", _infer_grad_input, conv_grad_input_reference,
-                template="conv2d_grad_input.cpp.j2", differentiable=False))
-register(OpRule("conv2d_grad_filter", "window", _infer_grad_filter, conv_grad_filter_reference,
-                template="conv2d_grad_filter.cpp.j2", differentiable=False))
+register(OpRule("conv2d", "window", _infer_conv, conv_reference, _conv_grad))
+register(OpRule("conv2d_grad_input", "window", _infer_grad_input, conv_grad_input_reference, differentiable=False))
+register(OpRule("conv2d_grad_filter", "window", _infer_grad_filter, conv_grad_filter_reference, differentiable=False))
 
 
 # --- pooling -------------------------------------------------------------------------------
@@ -229,11 +227,7 @@ def _infer_avg_pool_grad(inputs: list, attrs: dict) -> TensorType:
     return TensorType(tuple(attrs["input_shape"]), dy.dtype)
 
 
-register(OpRule("max_pool2d", "window", _infer_pool("max_pool2d"), max_pool_reference, _max_pool_grad,
-                template="pool2d.cpp.j2"))
-register(OpRule("avg_pool2d", "window", _infer_pool("avg_pool2d"), avg_pool_reference, _avg_pool_grad,
-                template="pool2d.cpp.j2"))
-register(OpRule("max_pool2d_grad", "window", _infer_max_pool_grad, max_pool_grad_reference,
-                template="pool2d_grad.cpp.j2", differentiable=False))
-register(OpRule("avg_pool2d_grad", "window", _infer_avg_pool_grad, avg_pool_grad_reference,
-                template="pool2d_grad.cpp.j2", differentiable=False))
+register(OpRule("max_pool2d", "window", _infer_pool("max_pool2d"), max_pool_reference, _max_pool_grad))
+register(OpRule("avg_pool2d", "window", _infer_pool("avg_pool2d"), avg_pool_reference, _avg_pool_grad))
+register(OpRule("max_pool2d_grad", "window", _infer_max_pool_grad, max_pool_grad_reference, differentiable=False))
+register(OpRule("avg_pool2d_grad", "window", _infer_avg_pool_grad, avg_pool_grad_reference, differentiable=False))

@@ -1,4 +1,4 @@
-"""`device_copy`: a value moved between the host ("cpu") and a GPU ("gpu").
+"""`device_copy`: a value moved between two devices (the host and an accelerator).
 
 The placement pass (compiler/passes/placement.py) inserts one wherever a value computed on one
 device is read by an op placed on the other, so `flowc show` and the IR dumps say where a job
@@ -8,17 +8,17 @@ input's buffer and costs nothing; a split runtime would copy at that point inste
 """
 from __future__ import annotations
 
+from flowc.compiler.backends import device_names
 from flowc.compiler.ir import TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
-
-DEVICES = ("cpu", "gpu")
 
 
 def _infer(inputs: list, attrs: dict) -> TensorType:
     (x,) = inputs
     src, dst = attrs["src"], attrs["dst"]
-    if src not in DEVICES or dst not in DEVICES or src == dst:
-        raise ShapeError(f"device_copy: copies between two of {DEVICES}, got {src!r} -> {dst!r}")
+    devices = device_names()
+    if src not in devices or dst not in devices or src == dst:
+        raise ShapeError(f"device_copy: copies between two of {devices}, got {src!r} -> {dst!r}")
     return TensorType(x.shape, x.dtype)
 
 

@@ -1,7 +1,7 @@
 """Row ops: softmax, sparse softmax cross-entropy (and its gradient), argmax.
 
-Each works along the last axis with one kernel per op (a template under
-codegen_templates/cpu/); the tracer transposes other axes to the end first.
+Each works along the last axis with one kernel per op (each backend's `LOWERINGS` names its
+template); the tracer transposes other axes to the end first.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _softmax_grad(e, node, dy):
     return [e.op("multiply", y, e.op("subtract", dy, dot))]
 
 
-register(OpRule("softmax", "row", _infer_softmax, softmax_reference, _softmax_grad, template="softmax.cpp.j2"))
+register(OpRule("softmax", "row", _infer_softmax, softmax_reference, _softmax_grad))
 
 
 def _check_labels(op: str, labels: TensorType, logits: TensorType) -> None:
@@ -73,8 +73,7 @@ def _xent_grad(e, node, dy):
 
 
 # Logits first: the gradient flows to input 0; labels are data.
-register(OpRule("sparse_softmax_cross_entropy", "row", _infer_xent, xent_reference, _xent_grad,
-                template="sparse_xent.cpp.j2"))
+register(OpRule("sparse_softmax_cross_entropy", "row", _infer_xent, xent_reference, _xent_grad))
 
 
 def _infer_xent_grad(inputs: list, attrs: dict) -> TensorType:
@@ -94,7 +93,7 @@ def xent_grad_reference(logits, labels, dy):
 
 
 register(OpRule("sparse_softmax_cross_entropy_grad", "row", _infer_xent_grad, xent_grad_reference,
-                template="sparse_xent_grad.cpp.j2", differentiable=False))
+                differentiable=False))
 
 
 def _infer_argmax(inputs: list, attrs: dict) -> TensorType:
@@ -104,5 +103,4 @@ def _infer_argmax(inputs: list, attrs: dict) -> TensorType:
     return TensorType(x.shape[:-1], "int32")
 
 
-register(OpRule("argmax", "row", _infer_argmax, lambda x: np.argmax(x, axis=-1).astype(np.int32),
-                template="argmax.cpp.j2", differentiable=False))
+register(OpRule("argmax", "row", _infer_argmax, lambda x: np.argmax(x, axis=-1).astype(np.int32), differentiable=False))

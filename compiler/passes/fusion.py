@@ -21,41 +21,11 @@ from dataclasses import dataclass, field
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
-
-
-@dataclass
-class Kernel:
-    """One function of the generated step.
-
-    kind: pointwise | matmul | reduction | row | window | xent_fused.
-    `anchor` is the matmul / reduction / row node; `loops` are pointwise member
-    groups: the body of a pointwise kernel (several independent loops after
-    `group_optimizer_updates`), or the epilogue (loops[0]) of an anchored kernel.
-    """
-    name: str
-    kind: str
-    anchor: int | None = None
-    loops: list[list[int]] = field(default_factory=lambda: [[]])
-    second: int | None = None          # xent_fused: the gradient node
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def members(self) -> list[int]:
-        return [m for loop in self.loops for m in loop]
-
-    def nodes(self) -> list[int]:
-        anchors = [a for a in (self.anchor, self.second) if a is not None]
-        return anchors + self.members
+from flowc.compiler.program import FusionLog, Kernel
 
 
 class ScheduleCycle(AssertionError):
     """No kernel order satisfies the data dependencies plus the in-place update constraints."""
-
-
-@dataclass
-class FusionLog:
-    fused: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
 
 
 def _reads_at_own_index(graph: Graph, producer: int, consumer: int) -> str | None:

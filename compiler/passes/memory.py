@@ -13,44 +13,10 @@ from dataclasses import dataclass, field
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
-from flowc.compiler.passes.fusion import Kernel, view_roots
+from flowc.compiler.passes.fusion import view_roots
+from flowc.compiler.program import Buffer, Kernel, MemoryPlan
 
 ALIGN = 64  # bytes: a cache line, and what AVX loads like
-
-
-@dataclass(frozen=True)
-class Buffer:
-    kind: str              # arena | input | variable | scalar
-    key: object            # arena offset, placeholder index, variable or scalar name
-    nbytes: int
-    first: int = -1        # kernel index that writes it (arena only)
-    last: int = -1         # last kernel index that reads it; len(kernels) = the end of the step
-
-
-@dataclass
-class MemoryPlan:
-    storage: dict[int, Buffer]                 # node id -> buffer (views share their root's)
-    copy_back: list[tuple[int, str]]           # (node, variable) updated after the last kernel
-    inplace: dict[int, str]                    # node -> variable it is written into directly
-    arena_bytes: int
-    naive_bytes: int                           # what one buffer per value would take
-    notes: list[str] = field(default_factory=list)
-
-    def format(self, graph: Graph, kernels: list[Kernel]) -> str:
-        lines = [f"memory plan for {graph.name}: arena peak {self.arena_bytes} bytes "
-                 f"(one buffer per value would take {self.naive_bytes})"]
-        for node_id, buf in sorted(self.storage.items(), key=lambda kv: (kv[1].kind, str(kv[1].key))):
-            n = graph.node(node_id)
-            if buf.kind == "arena":
-                span = f"kernels {buf.first}..{buf.last}"
-                where = f"arena+{buf.key}"
-            else:
-                span, where = "step", f"{buf.kind} {buf.key}"
-            lines.append(f"  %{node_id:<4} {str(n.type):<24} {where:<28} {buf.nbytes:>10} B  {span}  ({n.op})")
-        for node_id, var in self.copy_back:
-            lines.append(f"  copy %{node_id} -> variable {var} after the last kernel")
-        lines.extend(f"  note: {note}" for note in self.notes)
-        return "\n".join(lines)
 
 
 def materialized(graph: Graph, kernels: list[Kernel]) -> set[int]:

@@ -15,11 +15,12 @@ Not every node was traced under one, so the devices are settled first:
 Then, wherever an op reads a value computed on the other device, a `device_copy` node is put
 between them (one per value and destination), so the IR dump shows every crossing.
 
-A graph with no node on "gpu" is returned unchanged (the very same object): all-CPU jobs do
-not pay for this pass.
+A graph with no node off the host is returned unchanged (the very same object): all-CPU jobs
+do not pay for this pass.
 """
 from __future__ import annotations
 
+from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.ir import Graph, GraphBuilder
 from flowc.compiler.ops import OPS
 
@@ -27,8 +28,8 @@ UNPLACED_OPS = ("input", "variable", "scalar", "constant")
 
 
 def needs_placement(graph: Graph) -> bool:
-    """Does any node ask for the GPU?"""
-    return any(n.type.device == "gpu" for n in graph.nodes)
+    """Does any node ask for a device other than the host?"""
+    return any(n.type.device != HOST_DEVICE for n in graph.nodes)
 
 
 def settle_devices(graph: Graph) -> dict[int, str | None]:

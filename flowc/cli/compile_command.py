@@ -7,6 +7,7 @@ import sys
 import time
 
 from flowc.cli.modules import CliError, jobs_of
+from flowc.compiler.backends import backends, device_names, get_backend
 
 EPILOG = """examples:
   flowc compile examples/mlp_train_demo.py             every job in the module
@@ -23,7 +24,7 @@ def add_parser(sub) -> None:
                        description="Trace, lower and build every @flow.global_function of MODULE.py.")
     p.add_argument("module", metavar="MODULE.py", help="the Python file defining the jobs")
     p.add_argument("--job", action="append", default=[], metavar="NAME", help="only this job (repeatable)")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+    p.add_argument("--device", choices=["auto", *device_names()], default="auto",
                    help="target; auto (default) follows the jobs' placement and what this machine has")
     p.add_argument("--arch", metavar="sm_XX", help="GPU architecture to build for (with --device gpu)")
     p.add_argument("--cache-dir", metavar="DIR", help="the cache to fill (default: $FLOWC_CACHE_DIR or ~/.cache/flowc)")
@@ -42,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from flowc.compiler.cache import default_cache
     from flowc.compiler.toolchain import ToolchainError
     use_cache_dir(args.cache_dir)
-    if args.arch and args.device != "gpu":
-        raise CliError("--arch needs --device gpu")
+    if args.arch and (args.device == "auto" or get_backend(args.device).is_host):
+        accelerators = "|".join(b.name for b in backends() if not b.is_host)
+        raise CliError(f"--arch needs --device {accelerators}")
     jobs = jobs_of(args.module, args.job)
     say = (lambda *a, **k: None) if args.quiet else print
     start, built = time.perf_counter(), 0

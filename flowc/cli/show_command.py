@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from flowc.cli.modules import CliError, jobs_of
+from flowc.compiler.backends import device_names
 
 EPILOG = """examples:
   flowc show train.py:train_job --passes                the passes, their time and what each changed
@@ -42,7 +43,7 @@ def add_parser(sub) -> None:
     what.add_argument("--memory", action="store_true", help="the memory plan: buffers, offsets, lifetimes, peak")
     what.add_argument("--kernels", action="store_true", help="the kernels, their fused ops, fusion refusals")
     p.add_argument("--after", metavar="PASS", help="with --ir: only the program after this pass")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="target (default: auto)")
+    p.add_argument("--device", choices=["auto", *device_names()], default="auto", help="target (default: auto)")
     p.add_argument("--arch", metavar="sm_XX", help="GPU architecture for --code with --device gpu")
 
 
