@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from flowc.compiler import settings
 from flowc.compiler.codegen.cpu import CppGenerator, GeneratedStep
 from flowc.compiler.ir import Graph
 from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify
@@ -177,13 +178,13 @@ def build_lowered(program: Program, records: list[PassRecord], timings: dict[str
     if device != "cpu":
         raise ValueError(f"device {device!r}: flowc generates code for 'cpu' or 'gpu'")
     start = time.perf_counter()
-    generated = generate(program, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"))
+    generated = generate(program, profile=settings.profile())
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     built = build_shared_library(generated.source, name=program.graph.name, units=generated.parts)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records)
-    if os.environ.get("FLOWC_DEBUG"):
+    if settings.debug():
         _write_debug_dump(step)
     return step, built.miss_reason
 
@@ -201,15 +202,15 @@ def _build_lowered_gpu(program: Program, records: list[PassRecord], timings: dic
     arch = normalize_arch(arch) if arch is not None else device_arch()
     start = time.perf_counter()
     generated = CudaGenerator(program.graph, program.kernels, program.memory, package_version(),
-                              profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"),
-                              tf32=os.environ.get("FLOWC_TF32", "") not in ("", "0"), arch=arch).render()
+                              profile=settings.profile(),
+                              tf32=settings.tf32(), arch=arch).render()
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     built = build_cubin(generated.source, program.graph.name, arch)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
                         device="gpu", arch=arch)
-    if os.environ.get("FLOWC_DEBUG"):
+    if settings.debug():
         _write_debug_dump(step)
     return step, built.miss_reason
 

@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from flowc.compiler import settings
 from flowc.compiler.ir import Graph
 
 STRICT_ENV = "FLOWC_STRICT_DEVICE"
@@ -31,9 +32,9 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _nvcc_found() -> bool:
-    if os.environ.get("NVCC"):
-        return shutil.which(os.environ["NVCC"]) is not None
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    if settings.nvcc():
+        return shutil.which(settings.nvcc()) is not None
+    cuda_home = settings.cuda_home()
     return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
 
 
@@ -81,7 +82,7 @@ def job_device(graph: Graph) -> tuple[str, str | None]:
     if usable:
         return "gpu", None
     message = f"job {graph.name!r} is placed on \"gpu\", but no GPU can run it here: {why}; it runs on the CPU"
-    if os.environ.get(STRICT_ENV) == "1":
+    if settings.strict_device():
         raise DeviceUnavailable(message + f" ({STRICT_ENV}=1 makes this an error)")
     return "cpu", message
 
