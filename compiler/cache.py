@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from flowc.compiler import settings
+
 __all__ = [
     "CacheEntry",
     "CacheError",
@@ -101,14 +103,11 @@ def default_cache_dir() -> Path:
 
     Example::
 
-        >>> os.environ["FLOWC_CACHE_DIR"] = "/tmp/fc"   # doctest: +SKIP
+        >>> settings.set_cache_dir("/tmp/fc")          # doctest: +SKIP
         >>> default_cache_dir()                          # doctest: +SKIP
         PosixPath('/tmp/fc')
     """
-    env = os.environ.get("FLOWC_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "flowc"
+    return settings.cache_dir()
 
 
 def package_version() -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
+from flowc.compiler import settings
 from flowc.compiler.cache import KernelCache
 
 CORE_SOURCE = "flowc_core.cpp"
@@ -41,8 +42,7 @@ STEP_DEFINES = ("-DFLOWC_CORE_LIBRARY",)
 
 def core_dir() -> Path:
     """The core cache's root: ``$FLOWC_CORE_DIR`` or ``~/.cache/flowc-core``."""
-    env = os.environ.get("FLOWC_CORE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "flowc-core"
+    return settings.core_dir()
 
 
 @dataclass(frozen=True)

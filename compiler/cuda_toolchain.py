@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import re
 import shlex
 import shutil
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
+from flowc.compiler import settings
 from flowc.compiler.cache import KernelCache, KeyParts
 from flowc.compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER, BuildResult, ToolchainError, _debug
 
@@ -54,9 +54,9 @@ def find_nvcc() -> str:
         >>> find_nvcc()   # doctest: +SKIP
         '/usr/local/bin/nvcc'
     """
-    env = os.environ.get("NVCC", "").strip()
+    env = settings.nvcc() or ""
     candidates = [env] if env else ["nvcc"]
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    cuda_home = settings.cuda_home()
     if not env:
         candidates.append(str(Path(cuda_home) / "bin" / "nvcc"))
     for c in candidates:

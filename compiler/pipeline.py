@@ -6,14 +6,14 @@ memory plan are written to a folder whose path is printed.
 """
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
@@ -161,15 +161,15 @@ def build_lowered(program: Program, records: list[PassRecord], timings: dict[str
     backend = get_backend(device)
     toolchain = backend.toolchain(arch)
     start = time.perf_counter()
-    generated = generate(program, backend.name, profile=os.environ.get("FLOWC_PROFILE", "") not in ("", "0"),
-                         tf32=os.environ.get("FLOWC_TF32", "") not in ("", "0"), arch=toolchain.arch)
+    generated = generate(program, backend.name, profile=settings.profile(), tf32=settings.tf32(),
+                         arch=toolchain.arch)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     built = toolchain.build(generated, program.graph.name)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
                         device=backend.name, arch=toolchain.arch)
-    if os.environ.get("FLOWC_DEBUG"):
+    if settings.debug():
         _write_debug_dump(step)
     return step, built.miss_reason
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
+from flowc.compiler import settings
 from flowc.compiler.cache import KernelCache, KeyParts
 
 __all__ = [
@@ -72,11 +73,7 @@ class ToolchainError(RuntimeError):
 
 
 def _debug_level() -> int:
-    raw = os.environ.get("FLOWC_DEBUG", "")
-    try:
-        return int(raw)
-    except ValueError:
-        return 1 if raw else 0
+    return settings.debug_level()
 
 
 def _debug(msg: str) -> None:
@@ -94,7 +91,7 @@ def find_compiler() -> list[str]:
         >>> find_compiler()   # doctest: +SKIP
         ['/usr/bin/g++']
     """
-    env = os.environ.get("CXX", "").strip()
+    env = settings.cxx() or ""
     argv = shlex.split(env) if env else ["g++"]
     resolved = shutil.which(argv[0])
     if resolved is None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
+from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.ir import Graph
 
@@ -33,9 +33,9 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _nvcc_found() -> bool:
-    if os.environ.get("NVCC"):
-        return shutil.which(os.environ["NVCC"]) is not None
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    if settings.nvcc():
+        return shutil.which(settings.nvcc()) is not None
+    cuda_home = settings.cuda_home()
     return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
 
 
@@ -92,7 +92,7 @@ def job_device(graph: Graph) -> tuple[str, str | None]:
         return device, None
     message = (f"job {graph.name!r} is placed on {device!r}, but no such device can run it here: {why}; "
                f"it runs on the {HOST_DEVICE.upper()}")
-    if os.environ.get(STRICT_ENV) == "1":
+    if settings.strict_device():
         raise DeviceUnavailable(message + f" ({STRICT_ENV}=1 makes this an error)")
     return HOST_DEVICE, message
 

@@ -7,11 +7,9 @@ and returns the results in the shape the return annotation promises.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np

@@ -17,7 +17,6 @@ its reason, so `flowc show --kernels` can say why two nodes were not fused.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS

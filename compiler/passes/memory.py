@@ -9,7 +9,6 @@ when that is safe; otherwise it is copied back at the end of the step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 from flowc.cli.modules import CliError, jobs_of
+from flowc.compiler import settings
 from flowc.compiler.backends import backends, device_names, get_backend
 
 EPILOG = """examples:
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 def use_cache_dir(folder: str | None) -> None:
     """Point this process's cache at `folder` (the library reads FLOWC_CACHE_DIR)."""
     if folder:
-        os.environ["FLOWC_CACHE_DIR"] = os.path.abspath(folder)
+        settings.set_cache_dir(folder)
 
 
 def run(args: argparse.Namespace) -> int:
