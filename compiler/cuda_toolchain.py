@@ -27,13 +27,13 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
 from flowc.compiler import settings
 from flowc.compiler.cache import KernelCache, KeyParts
-from flowc.compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER, BuildResult, ToolchainError, _debug
+from flowc.compiler.cached_build import BuildResult, ToolchainError, build_cached, run_compiler
+from flowc.compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER
 
 __all__ = ["build_cubin", "cuda_include_dir", "device_arch", "find_nvcc", "key_parts", "normalize_arch",
            "nvcc_command", "nvcc_version"]
@@ -156,69 +156,40 @@ def build_cubin(source: str, name: str, arch: str | None = None, *,
                 cache: KernelCache | None = None) -> BuildResult:
     """Compile CUDA ``source`` into a cubin for ``arch`` (None: the current device's) through the cache.
 
-    Returns a :class:`compiler.toolchain.BuildResult` whose ``path`` is ``kernel.cubin`` and
-    ``source_path`` ``kernel.cu``.  Raises ToolchainError when nvcc is missing or the source
-    does not compile (with nvcc's output and the path of the kept source).
+    Returns a :class:`BuildResult` whose ``path`` is ``kernel.cubin`` and ``source_path``
+    ``kernel.cu``.  Raises ToolchainError when nvcc is missing or the source does not compile
+    (with nvcc's output and the path of the kept source).
     """
-    t0 = time.perf_counter()
-    arch = normalize_arch(arch) if arch is not None else device_arch()
-    cache = cache if cache is not None else _cache.default_cache()
-    parts = key_parts(source, arch)
-    key = parts.key()
-    miss_reason: list[str] = []
-
-    def build(tmp: Path) -> None:
-        miss_reason.append(cache.explain_miss(name, parts))
-        _debug(f"{miss_reason[0]}; compiling CUDA key {key[:16]} for {arch}")
-        src, out = tmp / _cache.CUDA_FILES[0], tmp / _cache.CUDA_FILES[1]
-        src.write_text(source)
-        argv = nvcc_command(src, out, arch)
-        _debug("$ " + shlex.join(argv))
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True)
-        except OSError as e:
-            raise ToolchainError(f"could not run {argv[0]}: {e}; {INSTALL_NVCC_HINT}") from e
-        _debug(f"nvcc built {name!r} for {arch} in {time.perf_counter() - t:.2f}s")
-        if proc.returncode != 0:
-            raise _compile_error(cache, name, key, source, argv, proc, arch)
-
-    entry, compiled = cache.get_or_build(parts, name, build, files=_cache.CUDA_FILES)
-    seconds = time.perf_counter() - t0
-    if not compiled:
-        _debug(f"cache hit for CUDA {name!r} ({arch}, {key[:16]}) in {seconds * 1e3:.1f} ms")
-    return BuildResult(path=entry.library, key=key, compiled=compiled, seconds=seconds,
-                       source_path=entry.source, miss_reason=miss_reason[0] if miss_reason else None)
-
-
-def _compile_error(cache: KernelCache, name: str, key: str, source: str, argv: list[str],
-                   proc: subprocess.CompletedProcess, arch: str) -> ToolchainError:
-    # As for g++: the build folder is deleted on failure, so keep the source and nvcc's log
-    # where the user can open them, and name the kept copy in nvcc's messages.
-    kept = cache.failed_dir(name, key)
-    kept_src = kept / _cache.CUDA_FILES[0]
-    kept_src.write_text(source)
-    tmp_src = argv[-3]
-    output = "\n".join(s for s in ((proc.stdout or "").strip(), (proc.stderr or "").strip()) if s)
-    output = output.replace(tmp_src, str(kept_src))
-    command = shlex.join(argv).replace(tmp_src, str(kept_src))
-    (kept / "nvcc.log").write_text(f"$ {command}\n{output}\n")
-    return ToolchainError(f"CUDA compilation of {name!r} for {arch} failed (exit {proc.returncode}).\n"
-                          f"generated source kept at: {kept_src}\n"
-                          f"command: {command}\n"
-                          f"nvcc output:\n{output}")
+    return build_cached(NvccToolchain(arch), source, name, cache=cache)
 
 
 class NvccToolchain:
     """The GPU backend's toolchain (compiler/backends.py): a generated step -> a cached cubin for `arch`."""
     name = "nvcc"
+    label = "CUDA"
+    files = _cache.CUDA_FILES
+    log_name = "nvcc.log"
+    output_label = "nvcc output"
 
     def __init__(self, arch: str | None = None) -> None:
         # None: the arch of the GPU in this machine (needs PyCUDA and a device to ask)
         self.arch = normalize_arch(arch) if arch is not None else device_arch()
 
     def build(self, generated, name: str) -> BuildResult:
-        return build_cubin(generated.source, name, self.arch)
+        return build_cached(self, generated.source, name)
+
+    def key_parts(self, source: str) -> KeyParts:
+        return key_parts(source, self.arch)
+
+    def target_words(self) -> str:
+        return f" for {self.arch}"
+
+    def compile(self, tmp: Path, src: Path, out: Path, units: list[str] | None):
+        argv = nvcc_command(src, out, self.arch)
+        return argv, run_compiler(argv, INSTALL_NVCC_HINT)
+
+    def failure_hint(self) -> str:
+        return ""
 
 
 def nvcc_toolchain(arch: str | None = None) -> NvccToolchain:

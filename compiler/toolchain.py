@@ -27,15 +27,13 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
 from flowc.compiler import settings
 from flowc.compiler.cache import KernelCache, KeyParts
+from flowc.compiler.cached_build import BuildResult, ToolchainError, build_cached, debug, run_compiler
 
 __all__ = [
     "BuildResult",
@@ -58,27 +56,6 @@ OUT_PLACEHOLDER = "$OUT"
 CORE_PLACEHOLDER = "$CORE"
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
-
-
-class ToolchainError(RuntimeError):
-    """The host toolchain is missing or a compile failed; the message says what to do.
-
-    Example::
-
-        >>> try:
-        ...     build_shared_library("this is not C++", name="bad")   # doctest: +SKIP
-        ... except ToolchainError as e:
-        ...     print(e)                                               # doctest: +SKIP
-    """
-
-
-def _debug_level() -> int:
-    return settings.debug_level()
-
-
-def _debug(msg: str) -> None:
-    if _debug_level() >= 1:
-        print(f"[flowc] {msg}", file=sys.stderr, flush=True)
 
 
 def find_compiler() -> list[str]:
@@ -229,34 +206,10 @@ def _openmp_works(cxx: tuple[str, ...]) -> bool:
     return proc.returncode == 0
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    """Outcome of :func:`build_shared_library`.
-
-    ``path`` is the cached ``kernel.so``; ``source_path`` the ``kernel.cpp`` it
-    was built from (open it to read the generated code); ``compiled`` is False
-    on a cache hit; ``seconds`` is the wall time of the whole call;
-    ``miss_reason`` says why a compile was needed (None on a hit).
-
-    Example::
-
-        >>> res = build_shared_library(src, name="answer")   # doctest: +SKIP
-        >>> res.compiled, res.path.name                      # doctest: +SKIP
-        (True, 'kernel.so')
-    """
-
-    path: Path
-    key: str
-    compiled: bool
-    seconds: float
-    source_path: Path
-    miss_reason: str | None = None
-
-
 def build_shared_library(
     source: str, *, name: str, cache: KernelCache | None = None, units: list[str] | None = None
 ) -> BuildResult:
-    """Compile ``source`` into a shared library through the kernel cache.
+    """Compile ``source`` into a shared library through the kernel cache (compiler/cached_build.py).
 
     ``name`` labels the entry (index, failed sources, debug output); it does not
     enter the key, so two names with the same source share one library.
@@ -280,41 +233,7 @@ def build_shared_library(
         >>> res.path.exists()                                                   # doctest: +SKIP
         True
     """
-    t0 = time.perf_counter()
-    cache = cache if cache is not None else _cache.default_cache()
-    parts = key_parts(source)
-    key = parts.key()
-    miss_reason: list[str] = []
-
-    def build(tmp: Path) -> None:
-        miss_reason.append(cache.explain_miss(name, parts))
-        _debug(f"{miss_reason[0]}; compiling key {key[:16]}")
-        src = tmp / _cache.SOURCE_FILE
-        out = tmp / _cache.LIBRARY_FILE
-        src.write_text(source)
-        argv = cxx_command(src, out)
-        t = time.perf_counter()
-        if units and _build_in_parts(tmp, units, out):
-            _debug(f"compiled {name!r} in {len(units)} parallel parts in {time.perf_counter() - t:.2f}s")
-            return
-        _debug("$ " + shlex.join(argv))
-        proc = _run(argv)
-        _debug(f"compiled {name!r} in {time.perf_counter() - t:.2f}s")
-        if proc.returncode != 0:
-            raise _compile_error(cache, name, key, source, argv, proc)
-
-    entry, compiled = cache.get_or_build(parts, name, build)
-    seconds = time.perf_counter() - t0
-    if not compiled:
-        _debug(f"cache hit for {name!r} ({key[:16]}) in {seconds * 1e3:.1f} ms")
-    return BuildResult(
-        path=entry.library,
-        key=key,
-        compiled=compiled,
-        seconds=seconds,
-        source_path=entry.source,
-        miss_reason=miss_reason[0] if miss_reason else None,
-    )
+    return build_cached(CppToolchain(), source, name, cache=cache, units=units)
 
 
 def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
@@ -325,7 +244,7 @@ def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
         src.write_text(text)
         argv = [a for a in cxx_command(src, obj) if a != "-shared"]
         argv.insert(len(argv) - 3, "-c")
-        _debug("$ " + shlex.join(argv))
+        debug("$ " + shlex.join(argv))
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         objects.append(obj)
     ok = all(p.wait() == 0 for p in procs)
@@ -333,7 +252,7 @@ def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
         p.stderr.close()
     if ok:
         link = [*find_compiler(), "-shared", "-fopenmp", *map(str, objects), "-o", str(out)]
-        _debug("$ " + shlex.join(link))
+        debug("$ " + shlex.join(link))
         ok = _run(link).returncode == 0
     for i in range(len(units)):
         (tmp / f"part{i}.cpp").unlink(missing_ok=True)
@@ -341,51 +260,38 @@ def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
     return ok
 
 
-def _compile_error(
-    cache: KernelCache,
-    name: str,
-    key: str,
-    source: str,
-    argv: list[str],
-    proc: subprocess.CompletedProcess,
-) -> ToolchainError:
-    # The build's temp dir is deleted on failure, so keep the source (and the
-    # diagnostics) where users can open them, and put that path in the message.
-    kept = cache.failed_dir(name, key)
-    kept_src = kept / _cache.SOURCE_FILE
-    kept_src.write_text(source)
-    stderr = (proc.stderr or "").strip()
-    # Diagnostics and the command mention the temp path, deleted by now; point
-    # them at the kept copy instead.
-    tmp_src = argv[-3]
-    stderr = stderr.replace(tmp_src, str(kept_src))
-    command = shlex.join(argv).replace(tmp_src, str(kept_src))
-    (kept / "flowc.compiler.log").write_text(f"$ {command}\n{stderr}\n")
-    cxx = tuple(find_compiler())
-    hint = ""
-    if not _openmp_works(cxx):
-        hint = (
-            "\nOpenMP is missing: a probe `#include <omp.h>` compiled with -fopenmp failed. "
-            "Install your compiler's OpenMP support: with g++, `apt-get install g++` "
-            "(Debian/Ubuntu, brings libgomp and omp.h) or `dnf install gcc-c++ libgomp`; "
-            "with clang++, `apt-get install libomp-dev`."
-        )
-    return ToolchainError(
-        f"C++ compilation of {name!r} failed (exit {proc.returncode}).\n"
-        f"generated source kept at: {kept_src}\n"
-        f"command: {command}\n"
-        f"compiler output:\n{stderr}{hint}"
-    )
-
-
 class CppToolchain:
     """The CPU backend's toolchain (compiler/backends.py): a generated step -> a cached shared library."""
     name = "g++"
     arch: str | None = None           # -march=native: the target is this machine, keyed by cpu_target()
+    label = "C++"
+    files = (_cache.SOURCE_FILE, _cache.LIBRARY_FILE)
+    log_name = "compiler.log"
+    output_label = "compiler output"
 
     def build(self, generated, name: str) -> BuildResult:
         """Build `generated.source` (in `generated.parts` at once where it was split) through the cache."""
-        return build_shared_library(generated.source, name=name, units=generated.parts)
+        return build_cached(self, generated.source, name, units=generated.parts)
+
+    def key_parts(self, source: str) -> KeyParts:
+        return key_parts(source)
+
+    def target_words(self) -> str:
+        return ""
+
+    def compile(self, tmp: Path, src: Path, out: Path, units: list[str] | None):
+        if units and _build_in_parts(tmp, units, out):
+            return [], None
+        argv = cxx_command(src, out)
+        return argv, run_compiler(argv, INSTALL_GXX_HINT)
+
+    def failure_hint(self) -> str:
+        if _openmp_works(tuple(find_compiler())):
+            return ""
+        return ("\nOpenMP is missing: a probe `#include <omp.h>` compiled with -fopenmp failed. "
+                "Install your compiler's OpenMP support: with g++, `apt-get install g++` "
+                "(Debian/Ubuntu, brings libgomp and omp.h) or `dnf install gcc-c++ libgomp`; "
+                "with clang++, `apt-get install libomp-dev`.")
 
 
 def cpp_toolchain(arch: str | None = None) -> CppToolchain:

@@ -111,14 +111,15 @@ def test_cuda_home_then_cuda_path_then_usr_local_cuda(clean_env):
     assert settings.cuda_home() == Path("/opt/cuda-home")
 
 
-def test_the_callers_follow_the_environment(clean_env, tmp_path):
-    from flowc.compiler import cache, core_library, toolchain
+def test_the_callers_follow_the_environment(clean_env, tmp_path, capsys):
+    from flowc.compiler import cache, cached_build, core_library, toolchain
     clean_env.setenv("FLOWC_CACHE_DIR", str(tmp_path / "a"))
     clean_env.setenv("FLOWC_CORE_DIR", str(tmp_path / "b"))
     clean_env.setenv("FLOWC_DEBUG", "abc")
     assert cache.default_cache_dir() == tmp_path / "a"
     assert core_library.core_dir() == tmp_path / "b"
-    assert toolchain._debug_level() == 1
+    cached_build.debug("a miss, say")
+    assert "[flowc] a miss, say" in capsys.readouterr().err
     clean_env.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(toolchain.ToolchainError, match=r"from \$CXX"):
         toolchain.find_compiler()
