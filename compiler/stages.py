@@ -99,7 +99,7 @@ class Lowered:
         memory = self.program.memory
         return MemoryPlanView(memory, memory.format(self.program.graph, self.program.kernels))
 
-    def compile(self, arch: str | None = None) -> "Compiled":
+    def compile(self, arch: str | None = None) -> Compiled:
         """Render the source and build it (a cache hit builds nothing).
 
         Example:

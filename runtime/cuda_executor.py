@@ -38,7 +38,7 @@ class _Device:
     """Device 0's primary context, made current around every CUDA call, on whichever thread."""
 
     _lock = threading.Lock()
-    _instance: "_Device | None" = None
+    _instance: _Device | None = None
 
     def __init__(self) -> None:
         cuda.init()
@@ -46,7 +46,7 @@ class _Device:
         self.context = self.device.retain_primary_context()
 
     @classmethod
-    def get(cls) -> "_Device":
+    def get(cls) -> _Device:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
@@ -76,7 +76,7 @@ class DeviceVariables:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, session, device: _Device) -> "DeviceVariables":
+    def of(cls, session, device: _Device) -> DeviceVariables:
         store = getattr(session, DEVICE_VARIABLES_ATTR, None)
         if store is None:
             store = cls(session, device)
@@ -121,7 +121,7 @@ class DeviceVariables:
 class CudaSlot:
     """One register slot: a step's inputs and scalars on both sides, its outputs' staging, its launch args."""
 
-    def __init__(self, step: "CudaLoadedStep") -> None:
+    def __init__(self, step: CudaLoadedStep) -> None:
         graph = step.graph
         self.inputs: list[np.ndarray] = []          # page-locked, shaped like the placeholders
         self.device_inputs = []

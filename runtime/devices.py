@@ -72,7 +72,7 @@ def placed_device(graph: Graph) -> str:
     return next((n.type.device for n in graph.nodes if n.type.device != HOST_DEVICE), HOST_DEVICE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_status(device: str) -> tuple[bool, str]:
     """(usable, why not / what runs it) for `device`'s backend, asked once per process."""
     return get_backend(device).status()

@@ -35,7 +35,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 class Slot:
     """One register slot: the inputs and scalars of one step in flight, and its pointer table."""
 
-    def __init__(self, step: "CpuLoadedStep") -> None:
+    def __init__(self, step: CpuLoadedStep) -> None:
         graph = step.graph
         self.inputs: list[np.ndarray] = []
         for p in graph.placeholders:

@@ -56,7 +56,7 @@ class GenerateOptions:
 class Params:
     """The buffers one kernel touches: its C parameters, and the step's matching arguments."""
 
-    def __init__(self, gen: "KernelGenerator", kernel_writes: set[int]) -> None:
+    def __init__(self, gen: KernelGenerator, kernel_writes: set[int]) -> None:
         self.gen = gen
         self.writes = kernel_writes
         self.order: list[int] = []
@@ -100,7 +100,7 @@ class KernelGenerator:
         self.error_nodes: dict[int, int] = {}
 
     @classmethod
-    def from_program(cls, program, options: GenerateOptions) -> "KernelGenerator":
+    def from_program(cls, program, options: GenerateOptions) -> KernelGenerator:
         """The generator for a lowered `Program` (compiler/program.py)."""
         return cls(program.graph, program.kernels, program.memory, options.version, options.profile)
 
@@ -242,7 +242,7 @@ class KernelGenerator:
             params.use(i)
         params.use(a.id)
         out_shape = a.type.shape if not a.op.endswith("_grad") else self.graph.node(a.inputs[-1]).type.shape
-        (kh, kw), (sh, sw), (pt, pb, pl, pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
+        (kh, kw), (sh, sw), (pt, _pb, pl, _pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
         n, c, h, w = in_shape
         return dict(planes=n * c, H=h, W=w, OH=out_shape[2], OW=out_shape[3], KH=kh, KW=kw, sh=sh, sw=sw,
                     pt=pt, pl=pl)

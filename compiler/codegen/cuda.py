@@ -136,7 +136,7 @@ class CudaGenerator(KernelGenerator):
         self.templates: list[str] = []
 
     @classmethod
-    def from_program(cls, program, options: GenerateOptions) -> "CudaGenerator":
+    def from_program(cls, program, options: GenerateOptions) -> CudaGenerator:
         assert options.arch is not None, "the CUDA generator needs the arch it generates for"
         return cls(program.graph, program.kernels, program.memory, options.version, options.profile,
                    tf32=options.tf32, arch=options.arch)
@@ -321,7 +321,8 @@ class CudaGenerator(KernelGenerator):
 
     def _conv2d(self, k: Kernel, a, params: Params, ctx: dict):
         tile, threads = self._tile(a.type.dtype, True, True)
-        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(),
+                              **ctx)
         grid = (_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
         self._check_grid(a, grid)
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
@@ -377,13 +378,14 @@ class CudaGenerator(KernelGenerator):
         for part in ctx["parts"]:
             part["begin"], begin = begin, begin + ctx["outer"] * part["block"]
             part["end"] = begin
-        text = self._template(self.lowering(a.op).template, total=begin, block=BLOCK, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=begin, block=BLOCK, params=params.declarations(),
+                              **ctx)
         return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
     def _slice_axis(self, k: Kernel, a, params: Params, ctx: dict):
         total = ctx["outer"] * ctx["out_block"]
-        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}", OUT=f"b{a.id}",
-                              params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}",
+                              OUT=f"b{a.id}", params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
 

@@ -22,7 +22,7 @@ Rows are registered by the modules imported at the bottom of this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row", "window")
 
@@ -37,13 +37,13 @@ class OpRule:
     kind: str
     infer: Callable[[list, dict], Any]
     reference: Callable[..., Any]
-    gradient: Optional[Callable] = None     # (GradEmitter, node, dy) -> list of input grads (id or None)
-    c_expr: Optional[str] = None             # pointwise: the value; reduction: combine {0} (acc) with {1}
-    c_init: Optional[str] = None             # reduction only: the identity, a C++ expression over {T}
+    gradient: Callable | None = None         # (GradEmitter, node, dy) -> list of input grads (id or None)
+    c_expr: str | None = None                # pointwise: the value; reduction: combine {0} (acc) with {1}
+    c_init: str | None = None                # reduction only: the identity, a C++ expression over {T}
     differentiable: bool = True              # False: no gradient flows through (argmax, masks)
     # pointwise ops that read their input at another index than their own (transpose):
     # (attrs, input shape, output shape) -> element strides of the input per output dim
-    input_strides: Optional[Callable[[dict, tuple, tuple], list]] = None
+    input_strides: Callable[[dict, tuple, tuple], list] | None = None
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind

@@ -31,7 +31,7 @@ class JobRef:
     job: str | None
 
     @classmethod
-    def parse(cls, text: str) -> "JobRef":
+    def parse(cls, text: str) -> JobRef:
         module, _, job = text.partition(":")
         return cls(module, job or None)
 
