@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,7 +35,7 @@ def is_flowc_frame(frame) -> bool:
 
 def user_location() -> str:
     """`file:line` of the innermost stack frame that is not flowc's own code."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if not is_flowc_frame(frame):
             return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"

@@ -33,8 +33,9 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _nvcc_found() -> bool:
-    if settings.nvcc():
-        return shutil.which(settings.nvcc()) is not None
+    nvcc = settings.nvcc()
+    if nvcc:
+        return shutil.which(nvcc) is not None
     cuda_home = settings.cuda_home()
     return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
 

@@ -468,6 +468,7 @@ class VarianceScalingInitializer(Initializer):
         shape, dtype = _check_shape(shape), _to_np_dtype(dtype)
         _require_float(dtype, "variance_scaling_initializer")
         fan = self._fan(shape)
+        inner: Initializer
         if self.distribution == "random_uniform":
             limit = math.sqrt(3.0 * self.scale / fan)
             inner = RandomUniformInitializer(-limit, limit, seed=self.seed)

@@ -15,7 +15,7 @@ tests/test_backends.py fails when an op lacks a lowering in a registered backend
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Final
 
 import numpy as np
 
@@ -26,9 +26,9 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 
 # Op kinds that never become a kernel of their own: sources are buffers the runtime binds,
 # views share their input's buffer.
-BUFFER_KINDS = ("source", "view")
+BUFFER_KINDS: Final = ("source", "view")
 # Op kinds lowered by one method per kernel kind, from the rule's C expression.
-GENERIC_KINDS = ("pointwise", "reduction", "matmul")
+GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul")
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,7 @@ class KernelGenerator:
                     lines.append(f"const {c_type(xt.dtype)} {loads[key]} = {params.use(x)}[{offset(strides)}];")
                 operands.append(loads[key])
             t = c_type(node.type.dtype)
+            assert rule.c_expr is not None, node.op       # every pointwise rule has one (OpRule checks it)
             expr = rule.c_expr.format(*operands, T=t, **{k: literal(v) for k, v in node.attrs})
             lines.append(f"const {t} v{m} = {expr};")
             names[m] = f"v{m}"

@@ -22,9 +22,11 @@ Rows are registered by the modules imported at the bottom of this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
-KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row", "window")
+# How an op lowers (see `kind` above); a rule's kind is one of these.
+OpKind = Literal["source", "view", "pointwise", "reduction", "matmul", "row", "window"]
+KINDS: tuple[OpKind, ...] = get_args(OpKind)
 
 
 class ShapeError(ValueError):
@@ -34,7 +36,7 @@ class ShapeError(ValueError):
 @dataclass(frozen=True)
 class OpRule:
     name: str
-    kind: str
+    kind: OpKind
     infer: Callable[[list, dict], Any]
     reference: Callable[..., Any]
     gradient: Callable | None = None         # (GradEmitter, node, dy) -> list of input grads (id or None)
