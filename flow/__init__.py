@@ -15,6 +15,7 @@ import warnings as _warnings
 
 from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
+from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing
 from flow import checkpoint, train
@@ -67,7 +68,7 @@ def function_config() -> FunctionConfig:
     return FunctionConfig()
 
 
-def fixed_placement(device_tag: str, machine_device_ids="0:0"):
+def fixed_placement(device_tag: _DeviceName, machine_device_ids="0:0"):
     """Deprecated name of `flow.scope.placement`."""
     _warnings.warn("flow.fixed_placement is deprecated; use flow.scope.placement", DeprecationWarning, stacklevel=2)
     return scope.placement(device_tag, machine_device_ids)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from flowc.compiler.backends import HOST_DEVICE, device_names
+from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
 from flowc.compiler.errors import JobCallError
 from flowc.compiler.ir import dtype_name, numpy_dtype
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
@@ -131,7 +131,7 @@ class JobFunction:
             self._device = _choose_device(self._traced.graph)
         return self._traced
 
-    def lower(self, device: str | None = None):
+    def lower(self, device: DeviceName | None = None):
         """Trace the job (if not yet) and run every compiler pass: a `compiler.stages.Lowered`.
 
         `device` (a registered device: "cpu", "gpu") overrides where the job's placement and this
