@@ -9,14 +9,19 @@ VPY    := $(VENV)/bin/python
 # reinstall either.
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv lint test demo bench clean
 
 venv: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet -e '.[test,lint]'
 	@touch $(STAMP)
+
+# ruff and mypy, configured in pyproject.toml ([tool.ruff], [tool.mypy]: the packages flow and flowc).
+lint: venv
+	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 
 test: venv
 	$(VPY) -m pytest -q tests

@@ -102,7 +102,7 @@ def host_backend() -> Backend:
     return _BACKENDS[HOST_DEVICE]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(ref: str) -> Any:
     module, _, attribute = ref.partition(":")
     return getattr(importlib.import_module(module), attribute)

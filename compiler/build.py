@@ -48,6 +48,7 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
                   {var: session.variables[var].type for var in ctx.variable_nodes},
                   {}, list(ctx.placeholders))
     if optimizer is not None:
+        assert loss is not None           # _training_target gives both or neither
         graph = _add_backward_and_update(ctx, graph, optimizer, loss)
     graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})

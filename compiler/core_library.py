@@ -89,7 +89,7 @@ def ensure_core() -> CoreLibrary:
     return _ensure_core(str(core_dir()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ensure_core(root: str) -> CoreLibrary:
     cache = KernelCache(root)
     entry, compiled = cache.get_or_build(_key_parts(), "flowc_core", _build)

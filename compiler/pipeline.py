@@ -40,27 +40,28 @@ def _form_kernels(p: Program) -> Program:
 
 
 def _fuse_epilogues(p: Program) -> Program:
-    return Program(p.graph, fusion.fuse_epilogues(p.graph, p.kernels, p.log), log=p.log)
+    return Program(p.graph, fusion.fuse_epilogues(p.graph, p.require_kernels(), p.log), log=p.log)
 
 
 def _fuse_xent(p: Program) -> Program:
-    return Program(p.graph, fusion.fuse_softmax_cross_entropy(p.graph, p.kernels, p.log), log=p.log)
+    return Program(p.graph, fusion.fuse_softmax_cross_entropy(p.graph, p.require_kernels(), p.log), log=p.log)
 
 
 def _group_updates(p: Program) -> Program:
-    return Program(p.graph, fusion.group_optimizer_updates(p.graph, p.kernels, p.log), log=p.log)
+    return Program(p.graph, fusion.group_optimizer_updates(p.graph, p.require_kernels(), p.log), log=p.log)
 
 
 def _plan_memory(p: Program) -> Program:
-    inplace, copy_back, notes = memory.plan_inplace(p.graph, p.kernels)
+    formed = p.require_kernels()
+    inplace, copy_back, notes = memory.plan_inplace(p.graph, formed)
     try:
-        kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
+        kernels = fusion.order_kernels(p.graph, formed, inplace)
     except fusion.ScheduleCycle as cycle:
         # Some reader of an old value needs a new one: update every variable by copy instead.
         notes.append(f"in-place updates dropped: {cycle}")
         copy_back += [(node, var) for node, var in inplace.items()]
         inplace = {}
-        kernels = fusion.order_kernels(p.graph, p.kernels, inplace)
+        kernels = fusion.order_kernels(p.graph, formed, inplace)
     return Program(p.graph, kernels, memory.plan_memory(p.graph, kernels, inplace, copy_back, notes), log=p.log)
 
 
@@ -180,7 +181,8 @@ def _write_debug_dump(step: CompiledStep) -> None:
         (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")
     source_name = get_backend(step.device).source_file
     (folder / source_name).write_text(step.generated.source)
-    (folder / "memory_plan.txt").write_text(step.program.memory.format(step.program.graph, step.program.kernels))
+    program = step.program
+    (folder / "memory_plan.txt").write_text(program.require_memory().format(program.graph, program.require_kernels()))
     state = "compiled" if step.compiled else "from cache"
     print(f"flowc: job {step.program.graph.name!r} ({state}): IR after each pass, {source_name} and the memory "
           f"plan in {folder}; the library is {step.library} (source {step.source_path})", file=sys.stderr)

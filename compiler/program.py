@@ -12,13 +12,13 @@ here and never from each other:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from flowc.compiler.ir import Graph
 
 # How a kernel is laid out (compiler/passes/fusion.py makes them; each backend lowers every kind).
 KernelKind = Literal["pointwise", "reduction", "matmul", "row", "window", "xent_fused"]
-KERNEL_KINDS: tuple[KernelKind, ...] = ("pointwise", "reduction", "matmul", "row", "window", "xent_fused")
+KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 # Where a materialized value lives.
 BufferKind = Literal["arena", "input", "variable", "scalar"]
 
@@ -42,6 +42,18 @@ class Kernel:
     @property
     def members(self) -> list[int]:
         return [m for loop in self.loops for m in loop]
+
+    @property
+    def anchor_id(self) -> int:
+        """`anchor` of an anchored kernel (every kind but pointwise), for code that has checked the kind."""
+        assert self.anchor is not None, f"{self.kind} kernel {self.name} has no anchor"
+        return self.anchor
+
+    @property
+    def second_id(self) -> int:
+        """`second` of an xent_fused kernel: its gradient node."""
+        assert self.second is not None, f"{self.kind} kernel {self.name} has no second node"
+        return self.second
 
     def nodes(self) -> list[int]:
         anchors = [a for a in (self.anchor, self.second) if a is not None]
@@ -96,6 +108,16 @@ class Program:
     kernels: list[Kernel] | None = None
     memory: MemoryPlan | None = None
     log: FusionLog = field(default_factory=FusionLog)
+
+    def require_kernels(self) -> list[Kernel]:
+        """`kernels`, for the passes and stages after `fuse_elementwise` (which makes them)."""
+        assert self.kernels is not None, f"{self.graph.name}: no kernels yet (before fuse_elementwise)"
+        return self.kernels
+
+    def require_memory(self) -> MemoryPlan:
+        """`memory`, for what comes after `plan_memory` (which makes it)."""
+        assert self.memory is not None, f"{self.graph.name}: no memory plan yet (before plan_memory)"
+        return self.memory
 
     def format(self) -> str:
         if self.kernels is None:

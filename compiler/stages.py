@@ -96,10 +96,10 @@ class Lowered:
         return to_dot(self.program)
 
     def memory_plan(self) -> MemoryPlanView:
-        memory = self.program.memory
-        return MemoryPlanView(memory, memory.format(self.program.graph, self.program.kernels))
+        memory = self.program.require_memory()
+        return MemoryPlanView(memory, memory.format(self.program.graph, self.program.require_kernels()))
 
-    def compile(self, arch: str | None = None) -> "Compiled":
+    def compile(self, arch: str | None = None) -> Compiled:
         """Render the source and build it (a cache hit builds nothing).
 
         Example:
@@ -149,7 +149,8 @@ class Compiled:
 
     def memory_plan(self) -> MemoryPlanView:
         program = self.step.program
-        return MemoryPlanView(program.memory, program.memory.format(program.graph, program.kernels))
+        memory = program.require_memory()
+        return MemoryPlanView(memory, memory.format(program.graph, program.require_kernels()))
 
     def lowered(self) -> Lowered:
         return Lowered(self.step.program, self.step.passes, dict(self.step.timings))

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,7 +35,7 @@ def is_flowc_frame(frame) -> bool:
 
 def user_location() -> str:
     """`file:line` of the innermost stack frame that is not flowc's own code."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if not is_flowc_frame(frame):
             return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
@@ -51,8 +52,8 @@ class TraceContext:
     builder: GraphBuilder = field(default_factory=GraphBuilder)
     placeholders: list[int] = field(default_factory=list)
     variable_nodes: dict[str, int] = field(default_factory=dict)
-    losses: list["Blob"] = field(default_factory=list)
-    optimizers: list[tuple[Any, "Blob"]] = field(default_factory=list)   # (optimizer, loss)
+    losses: list[Blob] = field(default_factory=list)
+    optimizers: list[tuple[Any, Blob]] = field(default_factory=list)   # (optimizer, loss)
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
@@ -89,8 +90,8 @@ def current(what: str = "this op") -> TraceContext:
     return _current[-1]
 
 
-def emit(op: str, inputs: list["Blob"] | tuple = (), attrs: dict | None = None, *,
-         name: str = "", api: str | None = None, loc: str | None = None) -> "Blob":
+def emit(op: str, inputs: list[Blob] | tuple = (), attrs: dict | None = None, *,
+         name: str = "", api: str | None = None, loc: str | None = None) -> Blob:
     """Append one node to the current job's graph and return its Blob.
 
     `api` is the user-facing op name used in error messages (e.g. `flow.matmul`); `loc` overrides
@@ -110,11 +111,11 @@ def emit(op: str, inputs: list["Blob"] | tuple = (), attrs: dict | None = None, 
     return Blob(ctx, node_id)
 
 
-def scalar_blob(value: float | int, like: "Blob") -> "Blob":
+def scalar_blob(value: float | int, like: Blob) -> Blob:
     return emit("constant", [], {"value": value, "shape": (), "dtype": like.type.dtype})
 
 
-def as_blob(value: Any, like: "Blob", api: str) -> "Blob":
+def as_blob(value: Any, like: Blob, api: str) -> Blob:
     if isinstance(value, Blob):
         return value
     if isinstance(value, np.number):
@@ -161,7 +162,7 @@ class Blob:
     def __repr__(self) -> str:
         return f"Blob(%{self.id}: {self.type})"
 
-    def _binary(self, op: str, other: Any, api: str, reverse: bool = False) -> "Blob":
+    def _binary(self, op: str, other: Any, api: str, reverse: bool = False) -> Blob:
         other = as_blob(other, self, api)
         a, b = (other, self) if reverse else (self, other)
         return emit(op, [a, b], api=api)

@@ -15,11 +15,12 @@ import warnings as _warnings
 
 from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
+from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
-from flow import config, layers, losses, math, nn, optimizer, scope, typing  # noqa: F401
-from flow import checkpoint, train  # noqa: F401
+from flow import config, layers, losses, math, nn, optimizer, scope, typing
+from flow import checkpoint, train
 from flow.checkpoint import get_all_variables, load_variables
-from flow import data  # noqa: F401
+from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
@@ -32,6 +33,27 @@ from flowc.runtime.session import clear_default_session
 
 float = float32        # noqa: A001 - OneFlow's name
 double = float64
+
+# The public API: what `from flow import *` binds and what linters count as re-exported.
+__all__ = [
+    # submodules
+    "checkpoint", "config", "data", "layers", "losses", "math", "nn", "optimizer", "scope", "train", "typing",
+    # data types
+    "float", "double", "float32", "float64", "int8", "int32", "int64", "uint8",
+    # errors
+    "FlowError", "JobCallError", "StepError", "TraceError",
+    # blobs and ops
+    "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
+    # variables, checkpoints and initializers
+    "get_variable", "get_all_variables", "load_variables",
+    "constant_initializer", "glorot_normal_initializer", "glorot_uniform_initializer", "kaiming_initializer",
+    "ones_initializer", "random_normal_initializer", "random_uniform_initializer", "truncated_normal",
+    "truncated_normal_initializer", "variance_scaling_initializer", "xavier_normal_initializer",
+    "xavier_uniform_initializer", "zeros_initializer",
+    # job functions and the session
+    "FunctionConfig", "function_config", "global_function", "clear_default_session", "sync_default_session",
+    "compile_cache_stats", "fixed_placement", "FixedTensorDef",
+]
 
 __version__ = "0.1.0"
 
@@ -46,7 +68,7 @@ def function_config() -> FunctionConfig:
     return FunctionConfig()
 
 
-def fixed_placement(device_tag: str, machine_device_ids="0:0"):
+def fixed_placement(device_tag: _DeviceName, machine_device_ids="0:0"):
     """Deprecated name of `flow.scope.placement`."""
     _warnings.warn("flow.fixed_placement is deprecated; use flow.scope.placement", DeprecationWarning, stacklevel=2)
     return scope.placement(device_tag, machine_device_ids)

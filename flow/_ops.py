@@ -67,7 +67,8 @@ def spatial_pads(padding, size: tuple[int, int], kernel: tuple[int, int], stride
                 out = -(-n // s)
                 total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
                 pads += [total // 2, total - total // 2]
-            return tuple(pads)
+            top, bottom, left, right = pads
+            return (top, bottom, left, right)
         raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"VALID\" or explicit, "
                          f"got {padding!r}")
     if isinstance(padding, int):

@@ -4,12 +4,12 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from flowc.compiler.backends import device_names
+from flowc.compiler.backends import DeviceName, device_names
 from flowc.compiler.trace import _current
 
 
 @contextlib.contextmanager
-def placement(device_tag: str, machine_device_ids="0:0") -> Iterator[None]:
+def placement(device_tag: DeviceName, machine_device_ids="0:0") -> Iterator[None]:
     """`with flow.scope.placement("cpu", "0:0"):` places the ops created inside on that device.
 
     The device tags are the registered backends' ("cpu", "gpu"); where a placement's backend cannot

@@ -122,7 +122,7 @@ def _write_variable(folder: str, name: str, value: np.ndarray, dtype: str) -> No
     var_dir = os.path.join(folder, name)
     os.mkdir(var_dir)
     data = np.asarray(value, dtype=_little_endian(dtype), order="C")
-    _write_file(os.path.join(var_dir, "out"), memoryview(data).cast("B") if data.size else b"")
+    _write_file(os.path.join(var_dir, "out"), data.data.cast("B") if data.size else b"")
     _write_file(os.path.join(var_dir, "meta"), format_meta(data.shape, dtype).encode())
     _fsync_dir(var_dir)
 

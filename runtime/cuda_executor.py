@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pycuda.driver as cuda
@@ -38,7 +38,7 @@ class _Device:
     """Device 0's primary context, made current around every CUDA call, on whichever thread."""
 
     _lock = threading.Lock()
-    _instance: "_Device | None" = None
+    _instance: _Device | None = None
 
     def __init__(self) -> None:
         cuda.init()
@@ -46,7 +46,7 @@ class _Device:
         self.context = self.device.retain_primary_context()
 
     @classmethod
-    def get(cls) -> "_Device":
+    def get(cls) -> _Device:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
@@ -71,12 +71,12 @@ class DeviceVariables:
     def __init__(self, session, device: _Device) -> None:
         self.session = session
         self.device = device
-        self.buffers: dict[str, object] = {}
+        self.buffers: dict[str, Any] = {}        # name -> pycuda DeviceAllocation
         self.host_stale: set[str] = set()     # changed on the device since the host copy
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, session, device: _Device) -> "DeviceVariables":
+    def of(cls, session, device: _Device) -> DeviceVariables:
         store = getattr(session, DEVICE_VARIABLES_ATTR, None)
         if store is None:
             store = cls(session, device)
@@ -121,7 +121,7 @@ class DeviceVariables:
 class CudaSlot:
     """One register slot: a step's inputs and scalars on both sides, its outputs' staging, its launch args."""
 
-    def __init__(self, step: "CudaLoadedStep") -> None:
+    def __init__(self, step: CudaLoadedStep) -> None:
         graph = step.graph
         self.inputs: list[np.ndarray] = []          # page-locked, shaped like the placeholders
         self.device_inputs = []
@@ -130,7 +130,7 @@ class CudaSlot:
             self.inputs.append(_pinned(t.shape, t.dtype))
             self.device_inputs.append(_alloc(t.nbytes))
         self.scalars: dict[str, np.ndarray] = {}
-        self.device_scalars: dict[str, object] = {}
+        self.device_scalars: dict[str, Any] = {}   # name -> pycuda DeviceAllocation
         for name, dtype in graph.scalars.items():
             self.scalars[name] = _pinned((), dtype)
             self.device_scalars[name] = _alloc(np.dtype(numpy_dtype(dtype)).itemsize)
@@ -248,7 +248,7 @@ class CudaLoadedStep(LoadedStep):
             try:
                 self.stream.wait_for_event(slot.fed)
                 cuda.memset_d32_async(int(self.status), 0, 1, self.stream)
-                events = []
+                events: list[tuple[Any, Any]] = []     # (start, end) pycuda Events per launch
                 for launch, fn, args in zip(self.launches, self.functions, slot.args):
                     if profiling:
                         events.append((cuda.Event().record(self.stream), None))

@@ -33,8 +33,9 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _nvcc_found() -> bool:
-    if settings.nvcc():
-        return shutil.which(settings.nvcc()) is not None
+    nvcc = settings.nvcc()
+    if nvcc:
+        return shutil.which(nvcc) is not None
     cuda_home = settings.cuda_home()
     return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
 
@@ -72,7 +73,7 @@ def placed_device(graph: Graph) -> str:
     return next((n.type.device for n in graph.nodes if n.type.device != HOST_DEVICE), HOST_DEVICE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_status(device: str) -> tuple[bool, str]:
     """(usable, why not / what runs it) for `device`'s backend, asked once per process."""
     return get_backend(device).status()

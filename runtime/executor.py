@@ -35,7 +35,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 class Slot:
     """One register slot: the inputs and scalars of one step in flight, and its pointer table."""
 
-    def __init__(self, step: "CpuLoadedStep") -> None:
+    def __init__(self, step: CpuLoadedStep) -> None:
         graph = step.graph
         self.inputs: list[np.ndarray] = []
         for p in graph.placeholders:
@@ -58,14 +58,14 @@ class CpuLoadedStep(LoadedStep):
         self.session = session
         load_core()                     # the GEMM kernel every step library links against
         self.lib = _ffi.dlopen(str(compiled.library))
-        self.arena = aligned_empty(max(compiled.program.memory.arena_bytes, ALIGN))
+        self.arena = aligned_empty(max(compiled.program.require_memory().arena_bytes, ALIGN))
         self._keep: list[np.ndarray] = []          # variables the tables point into
         self.slots = [Slot(self) for _ in range(depth)]
         bindings = compiled.generated.bindings
         # placeholder index -> its entry in the pointer table, for steps run on borrowed arrays;
         # placeholders whose buffer an output views must be fed by copy (the output reads the slot)
         self._input_entries = {b[1]: i for i, b in enumerate(bindings) if b[0] == "input"}
-        storage = compiled.program.memory.storage
+        storage = compiled.program.require_memory().storage
         self._inputs_read_back = {storage[o].key for o in self.graph.outputs if storage[o].kind == "input"}
 
     def buffer(self, binding: tuple, slot: Slot) -> np.ndarray:

@@ -45,6 +45,11 @@ class Call:
         self.wait_computed()
         if self.error is not None:
             raise self.error
+        return self.converted()
+
+    def converted(self) -> Any:
+        """The user's value of a call computed without an error."""
+        assert self.outputs is not None, "the call has no outputs"
         return self.convert(self.outputs)
 
 

@@ -97,7 +97,7 @@ def seed_for(name: str, session_seed: int) -> int:
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     session_seed = operator.index(session_seed)
     # The separator keeps ("a", 12) and ("a1", 2) from hashing the same bytes.
-    digest = hashlib.sha256(f"{session_seed}\x00{name}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{session_seed}\x00{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 
@@ -468,6 +468,7 @@ class VarianceScalingInitializer(Initializer):
         shape, dtype = _check_shape(shape), _to_np_dtype(dtype)
         _require_float(dtype, "variance_scaling_initializer")
         fan = self._fan(shape)
+        inner: Initializer
         if self.distribution == "random_uniform":
             limit = math.sqrt(3.0 * self.scale / fan)
             inner = RandomUniformInitializer(-limit, limit, seed=self.seed)

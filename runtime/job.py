@@ -10,17 +10,24 @@ import functools
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from flowc.compiler.backends import HOST_DEVICE, device_names
+from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
 from flowc.compiler.errors import JobCallError
 from flowc.compiler.ir import dtype_name, numpy_dtype
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
 from flowc.runtime.register import Register
 from flowc.runtime.session import default_session
 from flowc.runtime.signature import placeholders_of, rebuild_result, result_spec_of
+
+if TYPE_CHECKING:
+    from flowc.compiler.build import TracedJob
+    from flowc.compiler.pipeline import CompiledStep
+    from flowc.runtime.loaded_step import LoadedStep
+    from flowc.runtime.session import Session
 
 _warned_gpu = False
 # Three stages overlap: the caller feeds step k+2 while step k+1 computes and step k's callback runs.
@@ -87,17 +94,17 @@ class JobFunction:
         self.placeholders = placeholders_of(fn)
         self.result_spec, self.asynchronous = result_spec_of(fn)
         self.old_api = self.result_spec.kind == "auto"
-        self._session = None
-        self._traced = None         # the TracedJob, once traced (in self._session)
+        self._session: Session | None = None
+        self._traced: TracedJob | None = None        # once traced (in self._session)
         self._trace_seconds = 0.0
-        self._compiled = None       # the CompiledStep, once built
-        self._device = HOST_DEVICE  # where the traced job runs: a device name of compiler/backends.py
-        self.loaded = None          # the LoadedStep, once traced and compiled
-        self.register = None        # its slots in flight
+        self._compiled: CompiledStep | None = None   # once built
+        self._device: str = HOST_DEVICE  # where the traced job runs: a device name of compiler/backends.py
+        self.loaded: LoadedStep | None = None        # once traced and compiled
+        self.register: Register | None = None        # its slots in flight
         functools.update_wrapper(self, fn)
 
     # -- building -------------------------------------------------------------------------
-    def _ensure_ready(self):
+    def _ensure_ready(self) -> LoadedStep:
         session = default_session()
         if self.loaded is not None and self._session is session:
             return self.loaded
@@ -110,7 +117,7 @@ class JobFunction:
             session.jobs.append(self)
         return self.loaded
 
-    def _trace(self):
+    def _trace(self) -> TracedJob:
         """The traced job in the default session (traced again when the session changed)."""
         session = default_session()
         if self._traced is None or self._session is not session:
@@ -124,7 +131,7 @@ class JobFunction:
             self._device = _choose_device(self._traced.graph)
         return self._traced
 
-    def lower(self, device: str | None = None):
+    def lower(self, device: DeviceName | None = None):
         """Trace the job (if not yet) and run every compiler pass: a `compiler.stages.Lowered`.
 
         `device` (a registered device: "cpu", "gpu") overrides where the job's placement and this
@@ -205,6 +212,7 @@ class JobFunction:
         arrays = self._bind(args, kwargs)
         loaded = self._ensure_ready()
         session = self._session
+        assert session is not None and self._traced is not None and self.register is not None   # ready
         pipeline = session.pipeline
         synchronous = not self.asynchronous and not self.old_api
         if synchronous:
@@ -313,13 +321,14 @@ def _choose_device(graph) -> str:
 def _user_stacklevel() -> int:
     """The stacklevel of the first frame outside flowc's own packages, so a warning names the user's line."""
     from flowc.compiler.trace import is_flowc_frame
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and is_flowc_frame(frame):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def global_function(type: str = "predict", function_config: FunctionConfig | None = None):
+def global_function(type: str | FunctionConfig | Callable = "predict", function_config: FunctionConfig | None = None):
     """Decorate a job function: traced at its first call, then a compiled step.
 
     Example:
@@ -335,7 +344,8 @@ def global_function(type: str = "predict", function_config: FunctionConfig | Non
                       "function_config=config)", DeprecationWarning, stacklevel=2)
         # the old API had no `type`: a config with training settings made a train job
         train = type.train.primary_lr_value is not None or type.train.update_conf is not None
-        type, function_config = ("train" if train else "predict"), type
+        function_config = type
+        type = "train" if train else "predict"
     config = function_config if function_config is not None else FunctionConfig()
     if not isinstance(config, FunctionConfig):
         raise TypeError(f"global_function: function_config must come from flow.function_config(), "

@@ -35,7 +35,12 @@ class Pipeline:
         self._errors: deque[BaseException] = deque()
         self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
         ref = weakref.ref(self)
-        self._atexit = lambda: ref() is not None and ref().drain_at_exit()
+
+        def drain_at_exit() -> None:      # a weak reference only: an unused pipeline can be collected
+            pipeline = ref()
+            if pipeline is not None:
+                pipeline.drain_at_exit()
+        self._atexit = drain_at_exit
         atexit.register(self._atexit)
 
     # -- submitting ---------------------------------------------------------------------
@@ -96,7 +101,7 @@ class Pipeline:
                 if not call.delivered:
                     self._errors.append(call.error)
             elif call.callback is not None:
-                call.callback(call.convert(call.outputs))
+                call.callback(call.converted())
         except BaseException as err:
             self._errors.append(err)
         finally:

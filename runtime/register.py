@@ -32,7 +32,7 @@ class Register:
             # Ctrl-C can land inside the `with`'s exit, after wait() took the lock back and before it
             # is released; the compute actor would then block on it forever and the exit drain with
             # it (seen about once in 25 interrupted runs).  The condition's RLock knows its owner.
-            while self._cond._is_owned():
+            while self._cond._is_owned():    # type: ignore[attr-defined]  # private, but no public way
                 self._cond.release()
             raise
 

@@ -66,6 +66,7 @@ class Session:
         slot = self.variables[name]
         if slot.value is None:
             self._initialize(slot)
+        assert slot.value is not None      # _initialize set it
         return slot.value
 
     def initialize_all(self, force: bool = False) -> None:

@@ -69,7 +69,7 @@ class _Subscriptable:
     def __init__(self, name: str, inner=None) -> None:
         self.name, self.inner = name, inner
 
-    def __getitem__(self, inner) -> "_Subscriptable":
+    def __getitem__(self, inner) -> _Subscriptable:
         return _Subscriptable(self.name, inner)
 
     def __repr__(self) -> str:
@@ -114,7 +114,7 @@ def _annotations(fn: Callable) -> dict[str, Any]:
 
 def _has_value(cell) -> bool:
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 - reading an empty cell raises ValueError
     except ValueError:
         return False
     return True
@@ -127,7 +127,7 @@ class ResultSpec:
     """The shape of a job's result: kind is numpy | list_numpy | tuple | list | dict | bundle | none,
     or auto (no annotation: the old `.get()` API, any nesting of Blobs)."""
     kind: str
-    items: tuple["ResultSpec", ...] = ()
+    items: tuple[ResultSpec, ...] = ()
 
     def flatten(self, value: Any, where: str) -> tuple[list, Any]:
         """The Blobs a job returned (in order) and the layout that rebuilds its result from arrays."""

@@ -46,7 +46,7 @@ def test_compile_then_run_compiles_nothing(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     for job in ("train_job", "eval_job"):         # one progress line per job with every stage's time
-        line = next(l for l in lines if l.startswith(job))
+        line = next(text for text in lines if text.startswith(job))
         assert all(stage in line for stage in ("trace", "passes", "codegen", "compile", "compiled"))
     assert "2 compiled, 0 already in the cache" in lines[-1]
     assert not (tmp_path / "unused").exists()      # --cache-dir wins over FLOWC_CACHE_DIR

@@ -35,7 +35,6 @@ import flow
 import flow.typing as tp
 from flowc.compiler.build import build_job_graph
 from flowc.compiler.cache import KernelCache
-from flowc.compiler.ops import OPS
 from flowc.compiler.pipeline import compile_graph, lower
 from flowc.compiler.reference import run_reference
 from flowc.runtime.session import Session, default_session

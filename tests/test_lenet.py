@@ -1,7 +1,6 @@
 """LeNet (the seeds' recipe) end to end, dropout, and batch normalization."""
 
 import numpy as np
-import pytest
 
 import flow
 import flow.typing as tp
@@ -120,7 +119,7 @@ def test_batch_norm_gradients_match_finite_differences():
 
 def test_three_epochs_reach_94_percent_on_held_out_digits():
     (train_images, train_labels), (test_images, test_labels) = load_mnist_sample(100, 100)
-    for epoch in range(3):
+    for _epoch in range(3):
         for images, labels in zip(train_images, train_labels):
             seed_train.train_job(images, labels)
     correct = total = 0

@@ -5,7 +5,6 @@ import importlib.util
 import pathlib
 
 import numpy as np
-import pytest
 
 from flowc.compiler.reference import run_reference
 from flowc.runtime.datasets import load_mnist_sample

@@ -93,7 +93,7 @@ def test_the_wheel_installs_exactly_flow_and_flowc(installed):
     # the files the compiler reads at run time, not only Python modules
     for shipped in ("flowc/codegen_templates/cpu/flowc_core.cpp", "flowc/codegen_templates/cpu/step.cpp.j2",
                     "flowc/codegen_templates/cpu/flowc_gemm.h", "flowc/codegen_templates/cuda/step.cu.j2",
-                    "flowc/runtime/datasets/mnist_5k.npz", "flowc/py.typed"):
+                    "flowc/runtime/datasets/mnist_5k.npz", "flowc/py.typed", "flow/py.typed"):
         assert shipped in names, shipped
 
 

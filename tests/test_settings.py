@@ -237,8 +237,9 @@ def test_write_readme_replaces_only_the_table(tmp_path):
 
 def test_the_command_prints_the_table_and_the_values(clean_env):
     env = dict(os.environ, PYTHONPATH=str(ROOT), FLOWC_TF32="1")
-    run = lambda *args: subprocess.run([sys.executable, "-m", "flowc.compiler.settings", *args], cwd=ROOT,
-                                       env=env, capture_output=True, text=True)
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "flowc.compiler.settings", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True)
     table = run("--markdown")
     assert table.returncode == 0, table.stderr
     assert table.stdout == settings.markdown_table() + "\n"

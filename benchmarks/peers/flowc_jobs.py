@@ -10,7 +10,7 @@ import importlib.util
 import pathlib
 import types
 import warnings
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ JOBS: dict[str, tuple[str, str]] = {
 ASYNC_JOBS: dict[str, tuple[str, str]] = {"mlp_train": ("seeds/async_single_job", "train_job")}
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_example(name: str) -> types.ModuleType:
     """Import examples/<name>.py without running its __main__ part."""
     spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), EXAMPLES / f"{name}.py")

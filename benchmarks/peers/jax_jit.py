@@ -38,7 +38,8 @@ def init_params(model: str) -> Params:
         shapes = {"hidden": (MLP_IN, MLP_HIDDEN), "output": (MLP_HIDDEN, CLASSES)}
     else:
         k = LENET_KERNEL
-        shapes = {"conv1": (32, 1, k, k), "conv2": (64, 32, k, k), "dense1": (LENET_FLAT, 512), "dense2": (512, CLASSES)}
+        shapes = {"conv1": (32, 1, k, k), "conv2": (64, 32, k, k), "dense1": (LENET_FLAT, 512),
+                  "dense2": (512, CLASSES)}
     rng = np.random.default_rng(0)
     params: Params = {}
     for name, shape in shapes.items():

@@ -15,7 +15,7 @@ tests/test_backends.py fails when an op lacks a lowering in a registered backend
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Final
 
 import numpy as np
 
@@ -26,9 +26,9 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 
 # Op kinds that never become a kernel of their own: sources are buffers the runtime binds,
 # views share their input's buffer.
-BUFFER_KINDS = ("source", "view")
+BUFFER_KINDS: Final = ("source", "view")
 # Op kinds lowered by one method per kernel kind, from the rule's C expression.
-GENERIC_KINDS = ("pointwise", "reduction", "matmul")
+GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class GenerateOptions:
 class Params:
     """The buffers one kernel touches: its C parameters, and the step's matching arguments."""
 
-    def __init__(self, gen: "KernelGenerator", kernel_writes: set[int]) -> None:
+    def __init__(self, gen: KernelGenerator, kernel_writes: set[int]) -> None:
         self.gen = gen
         self.writes = kernel_writes
         self.order: list[int] = []
@@ -100,7 +100,7 @@ class KernelGenerator:
         self.error_nodes: dict[int, int] = {}
 
     @classmethod
-    def from_program(cls, program, options: GenerateOptions) -> "KernelGenerator":
+    def from_program(cls, program, options: GenerateOptions) -> KernelGenerator:
         """The generator for a lowered `Program` (compiler/program.py)."""
         return cls(program.graph, program.kernels, program.memory, options.version, options.profile)
 
@@ -164,6 +164,7 @@ class KernelGenerator:
                     lines.append(f"const {c_type(xt.dtype)} {loads[key]} = {params.use(x)}[{offset(strides)}];")
                 operands.append(loads[key])
             t = c_type(node.type.dtype)
+            assert rule.c_expr is not None, node.op       # every pointwise rule has one (OpRule checks it)
             expr = rule.c_expr.format(*operands, T=t, **{k: literal(v) for k, v in node.attrs})
             lines.append(f"const {t} v{m} = {expr};")
             names[m] = f"v{m}"
@@ -242,7 +243,7 @@ class KernelGenerator:
             params.use(i)
         params.use(a.id)
         out_shape = a.type.shape if not a.op.endswith("_grad") else self.graph.node(a.inputs[-1]).type.shape
-        (kh, kw), (sh, sw), (pt, pb, pl, pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
+        (kh, kw), (sh, sw), (pt, _pb, pl, _pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
         n, c, h, w = in_shape
         return dict(planes=n * c, H=h, W=w, OH=out_shape[2], OW=out_shape[3], KH=kh, KW=kw, sh=sh, sw=sw,
                     pt=pt, pl=pl)

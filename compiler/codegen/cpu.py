@@ -94,13 +94,13 @@ class CppGenerator(KernelGenerator):
             args = ", ".join(params.arguments())
             if returns_error:
                 code = len(self.error_nodes) + 1
-                self.error_nodes[code] = k.anchor
+                self.error_nodes[code] = k.anchor_id
                 calls.append(f"if (int e = {k.name}({args}, {code})) err = e;")
             else:
                 calls.append(f"{k.name}({args});")
         copy_backs = [{"dst": self.pointer_for_variable(var, node), "src": self.pointer(node),
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
-        uses_conv = any(k.kind == "window" and self.graph.node(k.anchor).op.startswith("conv2d")
+        uses_conv = any(k.kind == "window" and self.graph.node(k.anchor_id).op.startswith("conv2d")
                         for k in self.kernels)
         common = dict(version=self.version, job=self.graph.name, calls=calls, copy_backs=copy_backs,
                       profile=self.profile,
@@ -168,7 +168,7 @@ class CppGenerator(KernelGenerator):
                 "ops": ", ".join(self.graph.node(m).op for m in members)}
 
     def _kernel_matmul(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         A, B = a.inputs
         g = matmul_geometry(self.graph, a)
         ta, tb = g.trans_a, g.trans_b
@@ -182,10 +182,11 @@ class CppGenerator(KernelGenerator):
         return _env.get_template("matmul.cpp.j2").render(params=params.declarations(), **ctx), False
 
     def _kernel_reduction(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         x = self.graph.node(a.inputs[0])
         outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
         rule = OPS[a.op]
+        assert rule.c_init is not None and rule.c_expr is not None, a.op   # every reduction rule has both
         t = c_type(a.type.dtype)
         epilogue = []
         if k.members:
@@ -199,10 +200,10 @@ class CppGenerator(KernelGenerator):
 
     def _kernel_by_op(self, k: Kernel, params: Params):
         """Row and window kernels: the op's row in LOWERINGS says which method lays it out."""
-        return getattr(self, self.lowering(self.graph.node(k.anchor).op).method)(k, params)
+        return getattr(self, self.lowering(self.graph.node(k.anchor_id).op).method)(k, params)
 
     def _kernel_row_template(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         x = self.graph.node(a.inputs[0])
         cols = x.type.shape[-1]
         rows = x.type.size // cols
@@ -214,19 +215,19 @@ class CppGenerator(KernelGenerator):
         return text, False
 
     def _kernel_xent_loss(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=None)
+        return self._xent(k, params, loss=self.graph.node(k.anchor_id), grad=None)
 
     def _kernel_xent_grad(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor))
+        return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor_id))
 
     def _kernel_window_template(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         ctx = self.window_context(k, a, params)
         ctx["parallel_min"] = PARALLEL_MIN_ELEMENTS
         return _env.get_template(self.lowering(a.op).template).render(params=params.declarations(), **ctx), False
 
     def _kernel_xent_fused(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=self.graph.node(k.second))
+        return self._xent(k, params, loss=self.graph.node(k.anchor_id), grad=self.graph.node(k.second_id))
 
     def _xent(self, k: Kernel, params: Params, loss, grad):
         main = loss or grad

@@ -136,7 +136,7 @@ class CudaGenerator(KernelGenerator):
         self.templates: list[str] = []
 
     @classmethod
-    def from_program(cls, program, options: GenerateOptions) -> "CudaGenerator":
+    def from_program(cls, program, options: GenerateOptions) -> CudaGenerator:
         assert options.arch is not None, "the CUDA generator needs the arch it generates for"
         return cls(program.graph, program.kernels, program.memory, options.version, options.profile,
                    tf32=options.tf32, arch=options.arch)
@@ -150,7 +150,7 @@ class CudaGenerator(KernelGenerator):
 
     def _error_code(self, k: Kernel) -> int:
         code = len(self.error_nodes) + 1
-        self.error_nodes[code] = k.anchor
+        self.error_nodes[code] = k.anchor_id
         return code
 
     def _template(self, template: str, /, **ctx) -> str:
@@ -163,7 +163,7 @@ class CudaGenerator(KernelGenerator):
         return self.I if largest < INT32_SAFE else "int64_t"
 
     # -- the step ---------------------------------------------------------------------------
-    def render(self) -> GeneratedCudaStep:       # type: ignore[override]
+    def render(self) -> GeneratedCudaStep:
         sources: list[str] = []
         launches: list[Launch] = []
         for k in self.kernels:
@@ -223,10 +223,11 @@ class CudaGenerator(KernelGenerator):
 
     # -- reductions ---------------------------------------------------------------------------
     def _reduction(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         x = self.graph.node(a.inputs[0])
         outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
         rule, t = OPS[a.op], c_type(a.type.dtype)
+        assert rule.c_init is not None and rule.c_expr is not None, a.op   # every reduction rule has both
         epilogue = self.pointwise_lines(k, k.members, params, lambda s: "i" if any(s) else "0",
                                         anchor_value="acc") if k.members else []
         # inner == 1: one block per output, its threads along the row; else one thread per output.
@@ -247,7 +248,7 @@ class CudaGenerator(KernelGenerator):
         return f"flowc::gemm_tile<{c_type(dtype)}, {flags}>", GEMM_THREADS
 
     def _matmul(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         A, B = a.inputs
         g = matmul_geometry(self.graph, a)
         ta, tb, M, N, K, batch = g.trans_a, g.trans_b, g.M, g.N, g.K, g.batch
@@ -272,10 +273,10 @@ class CudaGenerator(KernelGenerator):
 
     # -- row kernels -------------------------------------------------------------------------------
     def _row(self, k: Kernel, params: Params):
-        return getattr(self, self.lowering(self.graph.node(k.anchor).op).method)(k, params)
+        return getattr(self, self.lowering(self.graph.node(k.anchor_id).op).method)(k, params)
 
     def _row_template(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         x = self.graph.node(a.inputs[0])
         cols = x.type.shape[-1]
         rows = x.type.size // cols
@@ -289,13 +290,13 @@ class CudaGenerator(KernelGenerator):
         return (max(1, min(_ceil_div(rows, ROWS_PER_BLOCK), MAX_GRID)), 1, 1)
 
     def _xent_loss(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=None)
+        return self._xent(k, params, loss=self.graph.node(k.anchor_id), grad=None)
 
     def _xent_grad(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor))
+        return self._xent(k, params, loss=None, grad=self.graph.node(k.anchor_id))
 
     def _xent_fused(self, k: Kernel, params: Params):
-        return self._xent(k, params, loss=self.graph.node(k.anchor), grad=self.graph.node(k.second))
+        return self._xent(k, params, loss=self.graph.node(k.anchor_id), grad=self.graph.node(k.second_id))
 
     def _xent(self, k: Kernel, params: Params, loss, grad):
         main = loss or grad
@@ -315,13 +316,14 @@ class CudaGenerator(KernelGenerator):
 
     # -- window kernels: the CPU generator's geometry, a GPU layout per op ---------------------------
     def _window(self, k: Kernel, params: Params):
-        a = self.graph.node(k.anchor)
+        a = self.graph.node(k.anchor_id)
         ctx = self.window_context(k, a, params)
         return getattr(self, self.lowering(a.op).method)(k, a, params, ctx)
 
     def _conv2d(self, k: Kernel, a, params: Params, ctx: dict):
         tile, threads = self._tile(a.type.dtype, True, True)
-        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(),
+                              **ctx)
         grid = (_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
         self._check_grid(a, grid)
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
@@ -377,13 +379,14 @@ class CudaGenerator(KernelGenerator):
         for part in ctx["parts"]:
             part["begin"], begin = begin, begin + ctx["outer"] * part["block"]
             part["end"] = begin
-        text = self._template(self.lowering(a.op).template, total=begin, block=BLOCK, params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=begin, block=BLOCK, params=params.declarations(),
+                              **ctx)
         return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
     def _slice_axis(self, k: Kernel, a, params: Params, ctx: dict):
         total = ctx["outer"] * ctx["out_block"]
-        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}", OUT=f"b{a.id}",
-                              params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}",
+                              OUT=f"b{a.id}", params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
 

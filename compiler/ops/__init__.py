@@ -22,9 +22,11 @@ Rows are registered by the modules imported at the bottom of this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, get_args
 
-KINDS = ("source", "view", "pointwise", "reduction", "matmul", "row", "window")
+# How an op lowers (see `kind` above); a rule's kind is one of these.
+OpKind = Literal["source", "view", "pointwise", "reduction", "matmul", "row", "window"]
+KINDS: tuple[OpKind, ...] = get_args(OpKind)
 
 
 class ShapeError(ValueError):
@@ -34,16 +36,16 @@ class ShapeError(ValueError):
 @dataclass(frozen=True)
 class OpRule:
     name: str
-    kind: str
+    kind: OpKind
     infer: Callable[[list, dict], Any]
     reference: Callable[..., Any]
-    gradient: Optional[Callable] = None     # (GradEmitter, node, dy) -> list of input grads (id or None)
-    c_expr: Optional[str] = None             # pointwise: the value; reduction: combine {0} (acc) with {1}
-    c_init: Optional[str] = None             # reduction only: the identity, a C++ expression over {T}
+    gradient: Callable | None = None         # (GradEmitter, node, dy) -> list of input grads (id or None)
+    c_expr: str | None = None                # pointwise: the value; reduction: combine {0} (acc) with {1}
+    c_init: str | None = None                # reduction only: the identity, a C++ expression over {T}
     differentiable: bool = True              # False: no gradient flows through (argmax, masks)
     # pointwise ops that read their input at another index than their own (transpose):
     # (attrs, input shape, output shape) -> element strides of the input per output dim
-    input_strides: Optional[Callable[[dict, tuple, tuple], list]] = None
+    input_strides: Callable[[dict, tuple, tuple], list] | None = None
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind

@@ -83,9 +83,9 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
     absorbed: set[int] = set()
     for k in kernels:
         if k.kind not in ("matmul", "reduction") and not (k.kind == "window" and
-                                                          graph.node(k.anchor).op == "conv2d"):
+                                                          graph.node(k.anchor_id).op == "conv2d"):
             continue
-        a = graph.node(k.anchor)
+        a = graph.node(k.anchor_id)
         consumers = users[a.id]
         if not consumers:
             continue
@@ -116,7 +116,7 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
 
 def _epilogue_refusal(graph: Graph, k: Kernel, members: list[int]) -> str | None:
     """Why the anchored kernel cannot run `members` in its write-back (None: it can)."""
-    a = graph.node(k.anchor)
+    a = graph.node(k.anchor_id)
     if k.kind == "matmul":
         return "batched matmul has a plain write-back" if len(a.type.shape) > 2 else None
     if k.kind == "window":      # conv2d: the epilogue indexes (image, filter, pixel) with any strides
@@ -148,7 +148,7 @@ def fuse_softmax_cross_entropy(graph: Graph, kernels: list[Kernel], log: FusionL
     by_anchor = {k.anchor: k for k in kernels if k.kind == "row"}
     removed: set[int] = set()
     for k in list(by_anchor.values()):
-        g = graph.node(k.anchor)
+        g = graph.node(k.anchor_id)
         if g.op != "sparse_softmax_cross_entropy_grad":
             continue
         logits, labels, dy = g.inputs
@@ -156,7 +156,7 @@ def fuse_softmax_cross_entropy(graph: Graph, kernels: list[Kernel], log: FusionL
                     and n.inputs == (logits, labels) and n.id in by_anchor), None)
         if fwd is None:
             continue
-        if _reaches(graph, fwd.anchor, dy):
+        if _reaches(graph, fwd.anchor_id, dy):
             log.refused.append(f"%{g.id}: cross-entropy gradient not fused with %{fwd.anchor}: dy depends on the loss")
             continue
         fwd.kind, fwd.second, fwd.name = "xent_fused", g.id, f"softmax_xent_fwd_bwd_{fwd.anchor}"
@@ -206,9 +206,10 @@ def order_kernels(graph: Graph, kernels: list[Kernel], inplace_writes: dict[int,
     for node_id, var in inplace_writes.items():
         writer = producer[node_id]
         deps[writer] |= readers_of_var.get(var, set()) - {writer}
-    order, done = [], set()
+    order: list[Kernel] = []
+    done: set[int] = set()
     position = {i: max(k.nodes()) for i, k in enumerate(kernels)}
-    pending = sorted(range(len(kernels)), key=position.get)
+    pending = sorted(range(len(kernels)), key=position.__getitem__)
     while pending:
         ready = next((i for i in pending if deps[i] <= done), None)
         if ready is None:

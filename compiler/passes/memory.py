@@ -87,16 +87,16 @@ def plan_memory(graph: Graph, kernels: list[Kernel], inplace: dict[int, str],
     # Arena values: the materialized nodes, and the raw result of every matmul and reduction.
     lifetimes: dict[int, list[int]] = {}
     for i, k in enumerate(kernels):
-        for n in k.nodes():
-            if n in storage:
+        for node_id in k.nodes():
+            if node_id in storage:
                 continue
             # matmul and reduction kernels write their raw result before the epilogue
-            if n in needed or (n == k.anchor and k.kind in ("matmul", "reduction", "window")):
-                lifetimes[n] = [i, i]
+            if node_id in needed or (node_id == k.anchor and k.kind in ("matmul", "reduction", "window")):
+                lifetimes[node_id] = [i, i]
     results = set(graph.outputs) | {node for node, _ in copy_back}
     for i, k in enumerate(kernels):
-        for n in k.nodes():
-            for inp in graph.node(n).inputs:
+        for node_id in k.nodes():
+            for inp in graph.node(node_id).inputs:
                 src = roots.get(inp, inp)
                 if src in lifetimes:
                     lifetimes[src][1] = max(lifetimes[src][1], i)

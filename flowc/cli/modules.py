@@ -31,7 +31,7 @@ class JobRef:
     job: str | None
 
     @classmethod
-    def parse(cls, text: str) -> "JobRef":
+    def parse(cls, text: str) -> JobRef:
         module, _, job = text.partition(":")
         return cls(module, job or None)
 
@@ -46,6 +46,7 @@ def load_module(path_text: str) -> ModuleType:
     path = path.resolve()
     name = path.stem
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None      # a .py file always has a spec and a loader
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
     sys.modules[name] = module
@@ -86,7 +87,8 @@ def find_jobs(module: ModuleType, names: list[str] | None = None) -> list:
         return list(jobs.values())
     unknown = [n for n in names if n not in jobs]
     if unknown:
-        raise CliError(f"{Path(module.__file__).name} has no job {unknown[0]!r}; its jobs are: {', '.join(jobs)}")
+        raise CliError(f"{Path(module.__file__ or module.__name__).name} has no job {unknown[0]!r}; "
+                       f"its jobs are: {', '.join(jobs)}")
     return [jobs[n] for n in names]
 
 

@@ -53,7 +53,7 @@ import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO
 
 import numpy as np
 
@@ -123,7 +123,7 @@ def _read_bytes(path: Path) -> bytes:
         raise MnistFormatError(f"{path}: corrupt gzip data ({exc})") from exc
 
 
-def read_idx(path: str | os.PathLike, expected_magic: Optional[int] = None) -> np.ndarray:
+def read_idx(path: str | os.PathLike, expected_magic: int | None = None) -> np.ndarray:
     """One idx file (gzip or plain) as a uint8 array of the shape its header gives.
 
     `expected_magic` is 2051 for image files (N, rows, cols) and 2049 for label
@@ -162,7 +162,7 @@ def read_idx(path: str | os.PathLike, expected_magic: Optional[int] = None) -> n
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape).copy()
 
 
-def _find_idx(folder: Path, gz_name: str) -> Optional[Path]:
+def _find_idx(folder: Path, gz_name: str) -> Path | None:
     """`name.gz` or the plain `name` in folder, whichever exists (gz first)."""
     for name in (gz_name, gz_name[:-3]):
         candidate = folder / name
@@ -257,7 +257,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_hash(path: Path, expected: Optional[str], *, hint: str) -> None:
+def _check_hash(path: Path, expected: str | None, *, hint: str) -> None:
     if not expected:
         return
     actual = _sha256(path)
@@ -272,7 +272,7 @@ def _check_hash(path: Path, expected: Optional[str], *, hint: str) -> None:
 class _Progress:
     """One stderr line, rewritten with \\r: bytes done / total (and percent when the total is known)."""
 
-    def __init__(self, name: str, total: Optional[int], done: int, stream: IO[str]):
+    def __init__(self, name: str, total: int | None, done: int, stream: IO[str]):
         self.name, self.total, self.done, self.stream = name, total, done, stream
         self._last = 0.0
 
@@ -296,7 +296,7 @@ class _Progress:
         self.stream.flush()
 
 
-def _offline_hint(dest: Path, url: str, sha256: Optional[str]) -> str:
+def _offline_hint(dest: Path, url: str, sha256: str | None) -> str:
     checksum = f" (SHA-256 {sha256})" if sha256 else ""
     folder = dest.parent.resolve()
     return (
@@ -317,7 +317,7 @@ def _open(url: str, offset: int, timeout: float):
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
-def _content_range_start(value: Optional[str]) -> Optional[int]:
+def _content_range_start(value: str | None) -> int | None:
     """The first byte of a `Content-Range: bytes START-END/TOTAL` header."""
     if not value or not value.strip().startswith("bytes "):
         return None
@@ -365,9 +365,9 @@ def _download_once(url: str, part: Path, timeout: float, stream: IO[str]) -> Non
         )
 
 
-def download_file(url: str, dest: str | os.PathLike, sha256: Optional[str] = None, *,
+def download_file(url: str, dest: str | os.PathLike, sha256: str | None = None, *,
                   timeout: float = CONNECT_TIMEOUT_S, attempts: int = 3,
-                  stream: Optional[IO[str]] = None) -> Path:
+                  stream: IO[str] | None = None) -> Path:
     """Download url to dest through `dest.part`, resuming, checking sha256 (None: no check).
 
     A connection that drops after some bytes arrived is resumed up to
@@ -415,7 +415,7 @@ def download_file(url: str, dest: str | os.PathLike, sha256: Optional[str] = Non
 
 # --------------------------------------------------------------------------- load_mnist
 
-def _local_path(url: str) -> Optional[Path]:
+def _local_path(url: str) -> Path | None:
     """The local path url names (a plain path or file:// URL), or None for a remote URL."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
@@ -425,7 +425,7 @@ def _local_path(url: str) -> Optional[Path]:
     return None
 
 
-def _resolve(url: str, hash_check: Optional[str], out_dir: str) -> dict[str, Split]:
+def _resolve(url: str, hash_check: str | None, out_dir: str) -> dict[str, Split]:
     """The train and test arrays from where the module docstring's rule says to look."""
     path = Path(os.path.join(out_dir, NPZ_NAME))
     if path.is_file():
@@ -477,7 +477,7 @@ def load_mnist(
     test_batch_size: int = 100,
     data_format: str = "NCHW",
     url: str = MNIST_URL,
-    hash_check: Optional[str] = MNIST_SHA256,
+    hash_check: str | None = MNIST_SHA256,
     out_dir: str = ".",
 ) -> tuple[Split, Split]:
     """The full MNIST set (60,000 train, 10,000 test digits), downloaded once into out_dir, in batches.
