@@ -190,7 +190,7 @@ class KeyParts:
         return d
 
     @classmethod
-    def from_json(cls, data: dict) -> "KeyParts":
+    def from_json(cls, data: dict) -> KeyParts:
         """Inverse of :meth:`to_json`; raises KeyError/TypeError on malformed input."""
         return cls(
             source_sha256=str(data["source_sha256"]),

@@ -67,7 +67,7 @@ def find_nvcc() -> str:
     raise ToolchainError(f"flowc needs nvcc to build CUDA kernels, but {origin} was not found; {INSTALL_NVCC_HINT}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _nvcc_version(nvcc: str) -> str:
     try:
         proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True)

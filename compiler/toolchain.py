@@ -90,7 +90,7 @@ def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
         ) from e
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler_version(cxx: tuple[str, ...]) -> str:
     proc = _run([*cxx, "--version"])
     lines = (proc.stdout or proc.stderr).splitlines()
@@ -113,7 +113,7 @@ def compiler_version() -> str:
     return _compiler_version(tuple(find_compiler()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_target(cxx: tuple[str, ...]) -> str:
     # What -march=native means differs per machine; the compiler's own resolved
     # target options are the most faithful description, so hash all of them.
@@ -196,7 +196,7 @@ def key_parts(source: str) -> KeyParts:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _openmp_works(cxx: tuple[str, ...]) -> bool:
     probe = "#include <omp.h>\nextern \"C\" int flowc_probe() { return omp_get_max_threads(); }\n"
     with tempfile.TemporaryDirectory(prefix="flowc-omp-probe-") as d:
@@ -245,11 +245,11 @@ def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
         argv = [a for a in cxx_command(src, obj) if a != "-shared"]
         argv.insert(len(argv) - 3, "-c")
         debug("$ " + shlex.join(argv))
-        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        # Diagnostics are dropped: a failed part is rebuilt whole, and that build reports them.  (An
+        # unread pipe here would block a part whose errors outgrow the pipe's buffer.)
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         objects.append(obj)
     ok = all(p.wait() == 0 for p in procs)
-    for p in procs:
-        p.stderr.close()
     if ok:
         link = [*find_compiler(), "-shared", "-fopenmp", *map(str, objects), "-o", str(out)]
         debug("$ " + shlex.join(link))

@@ -214,3 +214,24 @@ def test_key_does_not_depend_on_paths_and_explains_source_change(tmp_path: Path)
     assert "source" in why
     for other in ("command", "compiler version", "package version", "cpu target", "headers"):
         assert other not in why
+
+
+@pytest.mark.slow
+def test_a_part_with_pages_of_errors_falls_back_to_the_whole_source(tmp_path: Path) -> None:
+    """A parallel part that fails loudly must not block on its unread diagnostics (it once did, forever,
+    once they outgrew the pipe's buffer); the whole source then builds the library."""
+    code = textwrap.dedent(
+        f"""
+        from flowc.compiler.cache import KernelCache
+        from flowc.compiler.toolchain import build_shared_library
+        broken = "\\n".join(f"int f{{i}}() {{{{ return undefined_{{i}}; }}}}" for i in range(800))
+        res = build_shared_library({answer_source()!r}, name="loud_part", cache=KernelCache({str(tmp_path)!r}),
+                                   units=[broken, broken])
+        print(res.compiled, res.path.is_file())
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
