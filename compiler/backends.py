@@ -41,7 +41,7 @@ class Backend:
     name: str                 # the device tag: "cpu", "gpu"
     templates: str            # its folder under codegen_templates/: "cpu", "cuda"
     source_file: str          # what the generated source is called in caches and dumps: "step.cpp"
-    generator_ref: str        # "module:Class", a KernelGenerator subclass with `render_program`
+    generator_ref: str        # "module:Class", a KernelGenerator subclass (`from_program(...).render()`)
     toolchain_ref: str        # "module:function", (arch or None) -> a Toolchain
     loaded_step_ref: str      # "module:Class", the runtime's LoadedStep for this device
     probe_ref: str            # "module:function", () -> (usable here, why not / what)

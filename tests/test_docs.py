@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 FOLDERS = ("compiler", "runtime", "codegen_templates", "flow", "flowc", "tests", "docs", "examples", "benchmarks")
 TOP_LEVEL_FILES = {"setup.cfg", "Makefile", "README.md", "pyproject.toml", "CHANGELOG.md"}
-PATH_IN_CODE = re.compile(r"(?<![\w/.-])((?:%s)/[\w./*{},<>-]*)" % "|".join(FOLDERS))
+PATH_IN_CODE = re.compile(r"(?<![\w/.-])((?:" + "|".join(FOLDERS) + r")/[\w./*{},<>-]*)")
 # What the walkthrough of "How to add an op" creates: files and ops that must not exist yet.
 WALKTHROUGH_FILES = {"codegen_templates/cpu/log_softmax.cpp.j2", "codegen_templates/cuda/log_softmax.cu.j2"}
 WALKTHROUGH_OPS = ("softplus", "log_softmax")
