@@ -13,6 +13,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow      # every test runs `flowc` in a new Python process
+
 MLP = "examples/mlp_train_demo.py"
 LENET_SEED = "examples/seeds/synchronize_single_job.py"
 RUN_BOTH_JOBS = """

@@ -14,6 +14,7 @@ import flow.typing as tp
 from flowc.compiler import core_library
 
 
+@pytest.mark.slow
 def test_core_is_built_once_into_its_own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWC_CORE_DIR", str(tmp_path / "core"))
     first = core_library.ensure_core()

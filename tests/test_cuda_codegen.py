@@ -134,6 +134,7 @@ def test_the_filter_gradient_splits_its_long_sum_into_scratch(steps):
 
 # --- nvcc and the cache ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_nvcc
 def test_every_step_compiles_with_nvcc_for_sm80_and_sm90(programs, steps, tmp_path):
     from flowc.compiler.cuda_toolchain import build_cubin
@@ -195,6 +196,7 @@ def test_an_nvcc_error_names_the_kept_source(tmp_path):
     assert kept.name == "kernel.cu" and kept.is_file() and (kept.parent / "nvcc.log").is_file()
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_compile_graph_for_the_gpu_needs_only_nvcc():
     job = seed_jobs()["mlp_predict"]
@@ -430,6 +432,7 @@ def test_an_out_of_range_label_raises_the_status_in_the_emulator(emulator):
     assert status in step.error_nodes and program.graph.node(step.error_nodes[status]).op.startswith("sparse")
 
 
+@pytest.mark.slow
 @needs_gxx
 @pytest.mark.parametrize("label", ["lenet_train", "coverage_train"])
 def test_train_steps_equal_the_reference_in_the_emulator(label, emulator, programs):
@@ -595,6 +598,7 @@ def fake_pycuda(emulator, monkeypatch):
     sys.modules.pop("flowc.runtime.cuda_executor", None)
 
 
+@pytest.mark.slow
 @needs_nvcc
 @needs_gxx
 def test_cuda_loaded_step_trains_like_the_reference_on_an_emulated_device(fake_pycuda, monkeypatch):

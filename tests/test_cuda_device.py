@@ -15,7 +15,7 @@ import pytest
 from flowc.runtime.devices import gpu_status
 
 USABLE, WHY = gpu_status()
-pytestmark = pytest.mark.skipif(not USABLE, reason=f"no usable GPU: {WHY}")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not USABLE, reason=f"no usable GPU: {WHY}")]
 
 import flow  # noqa: E402
 import flow.typing as tp  # noqa: E402

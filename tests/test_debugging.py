@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import flow
 import flow.typing as tp
@@ -46,6 +47,7 @@ def test_pass_records_and_kernel_listing():
     assert "test_debugging.py:" in step.generated.source
 
 
+@pytest.mark.slow
 def test_flowc_version_and_cache_info(tmp_path):
     env = {"FLOWC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     version = subprocess.run([sys.executable, "-m", "flowc.cli", "--version"], cwd=ROOT, env=env,

@@ -49,6 +49,7 @@ def _run_child(global_seed: int, hash_seed: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_seeded_values_identical_across_processes():
     a = _run_child(1, "1")
     b = _run_child(2, "2")

@@ -8,6 +8,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow      # every test compiles the MLP in new Python processes
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = """
 import json, sys

@@ -117,6 +117,7 @@ def test_batch_norm_gradients_match_finite_differences():
                                  rng.standard_normal((1, 2, 1, 1))], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_three_epochs_reach_94_percent_on_held_out_digits():
     (train_images, train_labels), (test_images, test_labels) = load_mnist_sample(100, 100)
     for _epoch in range(3):

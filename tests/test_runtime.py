@@ -313,6 +313,7 @@ def run_script(script: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_process_exiting_with_work_in_flight_finishes_its_callbacks():
     proc = run_script(EXIT_SCRIPT)
     out, err = proc.communicate(timeout=120)
@@ -333,6 +334,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_does_not_hang():
     proc = run_script(INTERRUPT_SCRIPT)
     assert proc.stdout.readline().strip() == "ready"

@@ -13,6 +13,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.slow      # two training runs in subprocesses, about a minute or more
+
 
 def run(script: pathlib.Path, cwd: pathlib.Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT))

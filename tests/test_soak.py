@@ -4,9 +4,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 import flow
 from tests.test_mlp import load_example
+
+pytestmark = pytest.mark.slow      # 10,000 steps
 
 async_demo = load_example("seeds/async_batch_job")   # eval_job -> tp.Callback[Tuple[...]]
 

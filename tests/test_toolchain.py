@@ -89,6 +89,7 @@ def test_default_cache_follows_env(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert cache_mod.stats()["hits"] == 1
 
 
+@pytest.mark.slow
 def test_second_process_hits(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     res = build_shared_library(answer_source(43), name="answer", cache=KernelCache(cache_dir))
@@ -98,6 +99,7 @@ def test_second_process_hits(tmp_path: Path) -> None:
     assert path == res.path
 
 
+@pytest.mark.slow
 def test_concurrent_processes_compile_once(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     # A source no other test builds, so both processes start from a miss.
