@@ -1,6 +1,7 @@
 """LeNet (the seeds' recipe) end to end, dropout, and batch normalization."""
 
 import numpy as np
+import pytest
 
 import flow
 import flow.typing as tp
