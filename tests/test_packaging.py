@@ -7,6 +7,7 @@ and a job is compiled and run from a folder that also holds a user's own `runtim
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -45,9 +46,12 @@ USER_COMPILER = 'raise SystemExit("the user\'s compiler/ package was imported by
 
 
 def _build_wheel(out: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           str(ROOT), "-w", str(out)], capture_output=True, text=True, cwd=out)
-    assert proc.returncode == 0, proc.stderr
+    """`pip wheel .`: in an isolated build environment made from pyproject.toml's [build-system], as
+    a user's pip does, unless this environment already has the build tools (faster, no download)."""
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("wheel") else []
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q",
+                           str(ROOT), "-w", str(out)], capture_output=True, text=True, cwd=out, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = out.glob("flowc-*.whl")
     return wheel
 
@@ -61,7 +65,6 @@ def _borrow_dependencies(site: Path, store: Path) -> None:
     """Make the test environment's copies of the dependencies importable in the new venv, and nothing
     else of it (in particular not the editable flowc install)."""
     store.mkdir()
-    import importlib.util
     for name in RUNTIME_DEPENDENCIES:
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.origin is not None, f"{name} is not installed"
