@@ -31,6 +31,10 @@ class PassRecord:
 
 def _graph_pass(fn: Callable[[Graph], Graph]) -> Callable[[Program], Program]:
     def run(p: Program) -> Program:
+        # A graph pass returns a new graph and no kernels: after fusion it would drop them silently.
+        if p.kernels is not None:
+            raise AssertionError(f"graph pass {fn.__name__} runs after the kernels were formed; "
+                                 "move it before fuse_elementwise in PASSES")
         return Program(fn(p.graph), log=p.log)
     return run
 

@@ -59,3 +59,19 @@ def test_a_second_compile_is_a_cache_hit_and_a_changed_job_says_why():
 def test_lower_rejects_an_unknown_device():
     with pytest.raises(ValueError, match="device must be 'cpu' or .*, got 'tpu'"):
         make_job(1.0).lower(device="tpu")
+
+
+def test_a_graph_pass_placed_after_fusion_is_refused(monkeypatch):
+    from flowc.compiler import pipeline
+    from flowc.compiler.passes import simplify
+
+    @flow.global_function(type="predict")
+    def late(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        return flow.nn.relu(x) * 2.0
+
+    passes = list(pipeline.PASSES)
+    passes.insert(passes.index(next(p for p in passes if p[0] == "fuse_elementwise")) + 1,
+                  ("simplify_late", pipeline._graph_pass(simplify.simplify)))
+    monkeypatch.setattr(pipeline, "PASSES", passes)
+    with pytest.raises(AssertionError, match="graph pass simplify runs after the kernels were formed"):
+        late.lower()
