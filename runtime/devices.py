@@ -46,7 +46,8 @@ def gpu_status() -> tuple[bool, str]:
 
     Checks, in order: PyCUDA installed, the CUDA driver initializes, at least one device,
     nvcc on the machine (kernels are compiled at a job's first call unless cached).
-    Never raises; the answer is computed once per process (`gpu_status.cache_clear()` to ask again).
+    Never raises; the answer is computed once per process (to ask again, clear both caches:
+    `gpu_status.cache_clear()` and `device_status.cache_clear()`, which job placement reads).
     """
     if importlib.util.find_spec("pycuda") is None:
         return False, "PyCUDA is not installed (pip install 'flowc[gpu]')"
