@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import shutil
-from pathlib import Path
 
 from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
@@ -33,11 +31,14 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _nvcc_found() -> bool:
-    nvcc = settings.nvcc()
-    if nvcc:
-        return shutil.which(nvcc) is not None
-    cuda_home = settings.cuda_home()
-    return shutil.which("nvcc") is not None or (Path(cuda_home) / "bin" / "nvcc").is_file()
+    """Would the CUDA toolchain find nvcc (its own search: $NVCC, PATH, $CUDA_HOME/bin)?"""
+    from flowc.compiler.cached_build import ToolchainError
+    from flowc.compiler.cuda_toolchain import find_nvcc
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,8 +47,7 @@ def gpu_status() -> tuple[bool, str]:
 
     Checks, in order: PyCUDA installed, the CUDA driver initializes, at least one device,
     nvcc on the machine (kernels are compiled at a job's first call unless cached).
-    Never raises; the answer is computed once per process (to ask again, clear both caches:
-    `gpu_status.cache_clear()` and `device_status.cache_clear()`, which job placement reads).
+    Never raises; the answer is computed once per process (`gpu_status.cache_clear()` to ask again).
     """
     if importlib.util.find_spec("pycuda") is None:
         return False, "PyCUDA is not installed (pip install 'flowc[gpu]')"
@@ -74,9 +74,8 @@ def placed_device(graph: Graph) -> str:
     return next((n.type.device for n in graph.nodes if n.type.device != HOST_DEVICE), HOST_DEVICE)
 
 
-@functools.cache
 def device_status(device: str) -> tuple[bool, str]:
-    """(usable, why not / what runs it) for `device`'s backend, asked once per process."""
+    """(usable, why not / what runs it) for `device`'s backend; a costly probe caches its own answer."""
     return get_backend(device).status()
 
 
