@@ -21,9 +21,10 @@ import pytest
 
 import flow
 from flowc.runtime.datasets import load_mnist_sample
-from flowc.runtime.datasets.mnist import (IDX_FILES, MNIST_SHA256, MNIST_URL, MnistChecksumError, MnistDownloadError,
-                                    MnistFormatError, MnistMissingFilesError, load_mnist, read_idx,
-                                    read_idx_folder)
+from flowc.runtime.datasets import mnist
+from flowc.runtime.datasets.mnist import (IDX_FILES, MNIST_MAX_BYTES, MNIST_SHA256, MNIST_URL, MnistChecksumError,
+                                    MnistDownloadError, MnistDownloadTooLargeError, MnistFormatError,
+                                    MnistMissingFilesError, load_mnist, read_idx, read_idx_folder)
 
 N_TRAIN, N_TEST = 200, 100
 OFFICIAL_MNIST = Path("/work/shared/data/mnist")
@@ -71,6 +72,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with srv.lock:
             srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
             first = len(srv.requests) == 1
+        if not first:
+            srv.second_request.set()
         if self.path != "/mnist.npz":
             self.send_error(404)
             return
@@ -95,6 +98,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if srv.support_range:
             self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
+        if srv.hold_first and first:
+            # Send half, then wait (2 s at most) for a second request to arrive while this one is
+            # unfinished: a second downloader that does not wait for the first one makes it arrive.
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            srv.second_request.wait(2.0)
+            self.wfile.write(body[len(body) // 2:])
+            return
         if srv.drop_first and first:
             # Announce the whole body, send half of it, then hang up.
             self.wfile.write(body[: len(body) // 2])
@@ -117,11 +128,14 @@ class _Server(http.server.ThreadingHTTPServer):
 def make_server(payload):
     servers: list[_Server] = []
 
-    def make(support_range: bool = True, drop_first: bool = False, data: bytes | None = None) -> _Server:
+    def make(support_range: bool = True, drop_first: bool = False, data: bytes | None = None,
+             hold_first: bool = False) -> _Server:
         srv = _Server(("127.0.0.1", 0), _Handler)
         srv.payload = payload if data is None else data
         srv.support_range = support_range
         srv.drop_first = drop_first
+        srv.hold_first = hold_first
+        srv.second_request = threading.Event()
         srv.requests = []
         srv.lock = threading.Lock()
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -292,6 +306,91 @@ def test_bad_bytes_in_part_file_fail_checksum_and_are_deleted(tmp_path, server, 
     assert list(tmp_path.iterdir()) == []
     load_mnist(url=server.url, hash_check=_sha(payload), out_dir=str(tmp_path))   # the next call starts over
     assert (tmp_path / "mnist.npz").read_bytes() == payload
+
+
+def test_two_downloads_at_once_take_turns(tmp_path, make_server, payload, digits, capsys):
+    """Two callers (threads, each with its own open file: flock treats them as two processes)
+    downloading into one folder: the second waits for the first and uses its file."""
+    srv = make_server(hold_first=True)
+    results: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        try:
+            results[i] = load_mnist(100, 100, url=srv.url, hash_check=_sha(payload), out_dir=str(tmp_path))
+        except BaseException as exc:   # noqa: BLE001 - reported by the assertions below
+            results[i] = exc
+
+    first = threading.Thread(target=call, args=(0,), daemon=True)
+    first.start()
+    deadline = time.monotonic() + 10
+    while not srv.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.requests, "the first download never reached the server"
+    second = threading.Thread(target=call, args=(1,), daemon=True)
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    for i in (0, 1):
+        assert not isinstance(results[i], BaseException), results[i]
+        _check_result(results[i], digits, 100, 100)
+    assert len(srv.requests) == 1                  # the second caller did not download again
+    assert "Waiting for another process or thread downloading mnist.npz.part" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnist.npz"]
+
+
+class _EndlessResponse:
+    """What urllib's opener returns, for a server that sends zeros without end (or announces a size).
+
+    It does end, 1 MiB past the cap, so that a loader without the cap fails this test instead of
+    filling the disk.
+    """
+
+    def __init__(self, length: int | None = None) -> None:
+        self.status = 200
+        self.headers = {"Content-Length": str(length)} if length is not None else {}
+        self.sent = 0
+
+    def read(self, n: int) -> bytes:
+        n = max(0, min(n, MNIST_MAX_BYTES + (1 << 20) - self.sent))
+        self.sent += n
+        return b"\0" * n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_endless_download_stops_near_the_expected_size(tmp_path, monkeypatch):
+    response = _EndlessResponse()
+    monkeypatch.setattr(mnist, "_open", lambda url, offset, timeout: response)
+    with pytest.raises(MnistDownloadTooLargeError) as info:
+        load_mnist(url="http://junk.invalid/mnist.npz", out_dir=str(tmp_path))
+    assert response.sent <= MNIST_MAX_BYTES + (1 << 16)     # stopped within one read of the cap
+    assert MNIST_MAX_BYTES < 60_000_000
+    assert f"{MNIST_MAX_BYTES:,} bytes" in str(info.value) and "junk.invalid" in str(info.value)
+    assert isinstance(info.value, MnistDownloadError)
+    assert list(tmp_path.iterdir()) == []                     # nothing kept, nothing to resume
+
+
+def test_announced_oversize_download_is_refused_before_writing(tmp_path, monkeypatch):
+    response = _EndlessResponse(length=300_000_000)
+    monkeypatch.setattr(mnist, "_open", lambda url, offset, timeout: response)
+    with pytest.raises(MnistDownloadTooLargeError, match="announces 300,000,000 bytes"):
+        load_mnist(url="http://junk.invalid/mnist.npz", out_dir=str(tmp_path))
+    assert response.sent == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_cached_npz_is_a_format_error_saying_what_to_do(tmp_path, payload):
+    cached = tmp_path / "mnist.npz"
+    cached.write_bytes(payload[: len(payload) // 2])      # an interrupted copy
+    with pytest.raises(MnistFormatError) as info:
+        load_mnist(url="http://127.0.0.1:9/mnist.npz", hash_check=None, out_dir=str(tmp_path))
+    message = str(info.value)
+    assert str(cached) in message and "truncated or damaged" in message and "delete it" in message
 
 
 def server_ranges(srv) -> list:

@@ -11,6 +11,13 @@ module does the same with the standard library only, and more robustly:
 * the file is renamed to `mnist.npz` only after its checksum matched; a
   mismatch deletes the downloaded bytes and raises MnistChecksumError naming
   the expected and the actual hash;
+* two processes (or threads) downloading to the same folder at once do not
+  share the `.part` file: the download holds an exclusive `flock` on it, so
+  the second waits (and says so) and then uses the file the first one
+  finished and checked;
+* the download stops at `MNIST_MAX_BYTES` (the largest file 70,000 MNIST
+  digits can make, uncompressed) and raises MnistDownloadTooLargeError, so a
+  wrong or hostile server cannot fill the disk before the checksum is checked;
 * without network it fails within seconds (10 s connect timeout) and says
   where to put the file by hand, and that `flow.data.load_mnist_sample()`
   (5,000 digits shipped with flowc) works offline.  The timeout also bounds
@@ -40,6 +47,8 @@ are not hash-checked: their magic numbers, sizes and counts are.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
 import hashlib
 import http.client
@@ -51,6 +60,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 import zlib
 from pathlib import Path
 from typing import IO
@@ -62,8 +72,8 @@ from flowc.runtime.datasets import _check_batch_size
 
 __all__ = [
     "MNIST_URL", "MNIST_SHA256", "IDX_FILES", "load_mnist", "read_idx", "read_idx_folder",
-    "download_file", "MnistError", "MnistDownloadError", "MnistChecksumError", "MnistFormatError",
-    "MnistMissingFilesError",
+    "download_file", "MnistError", "MnistDownloadError", "MnistDownloadTooLargeError", "MnistChecksumError",
+    "MnistFormatError", "MnistMissingFilesError", "MNIST_MAX_BYTES",
 ]
 
 # OneFlow 0.3's defaults for flow.data.load_mnist (its source and its documentation's FAQ).
@@ -72,6 +82,12 @@ MNIST_SHA256 = "63d4344077849053dc3036b247fa012b2b381de53fd055a66b539dffd76cf08e
 
 NPZ_NAME = "mnist.npz"
 CONNECT_TIMEOUT_S = 10.0
+
+# The most bytes a download of mnist.npz may bring.  OneFlow does not publish the file's size, but
+# its content bounds it: 70,000 uint8 images of 28x28 and 70,000 labels (int64 at the widest),
+# stored uncompressed, plus 64 KiB for the zip and .npy headers.  About 55.5 MB; a compressed file
+# is far smaller.  Anything longer is not this file, whatever its checksum would have said.
+MNIST_MAX_BYTES = 70_000 * 28 * 28 + 70_000 * 8 + (64 << 10)
 
 IMAGES_MAGIC = 2051   # 0x00000803: unsigned bytes, 3 dimensions
 LABELS_MAGIC = 2049   # 0x00000801: unsigned bytes, 1 dimension
@@ -92,6 +108,10 @@ class MnistError(FlowError):
 
 class MnistDownloadError(MnistError, OSError):
     """The file could not be downloaded (no network, server error, connection dropped)."""
+
+
+class MnistDownloadTooLargeError(MnistDownloadError):
+    """The server sent (or announced) more bytes than the file can have; nothing is kept."""
 
 
 class MnistChecksumError(MnistError, ValueError):
@@ -235,8 +255,13 @@ def _read_npz(path: Path) -> dict[str, Split]:
             arrays = {k: np.asarray(f[k]) for k in keys}
     except MnistFormatError:
         raise
-    except (OSError, ValueError) as exc:
-        raise MnistFormatError(f"{path}: not a readable npz file ({exc})") from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        # BadZipFile / EOFError / zlib.error: a truncated or damaged file (an interrupted copy).
+        raise MnistFormatError(
+            f"{path}: not a readable npz file ({type(exc).__name__}: {exc}); the file is truncated or "
+            f"damaged: delete it (or copy it again); load_mnist downloads a fresh one when out_dir "
+            f"holds no {NPZ_NAME}"
+        ) from exc
     out: dict[str, Split] = {}
     for part, (x, y) in (("train", ("x_train", "y_train")), ("test", ("x_test", "y_test"))):
         images, labels = arrays[x], arrays[y]
@@ -327,7 +352,14 @@ def _content_range_start(value: str | None) -> int | None:
         return None
 
 
-def _download_once(url: str, part: Path, timeout: float, stream: IO[str]) -> None:
+def _too_large(url: str, limit: int, what: str) -> MnistDownloadTooLargeError:
+    return MnistDownloadTooLargeError(
+        f"Refusing the download of {url}: {what}, more than the {limit:,} bytes the file can have. "
+        f"The server is not sending the expected file; nothing was kept. Check the url."
+    )
+
+
+def _download_once(url: str, part: Path, timeout: float, stream: IO[str], max_bytes: int | None) -> None:
     """Fetch url into part, resuming from its current size; raise on any failure, leaving part for a resume."""
     offset = part.stat().st_size if part.exists() else 0
     try:
@@ -348,6 +380,8 @@ def _download_once(url: str, part: Path, timeout: float, stream: IO[str]) -> Non
             # No Range asked for, or the server ignored it (200): the whole file comes again.
             mode, done = "wb", 0
         total = done + length if length is not None else None
+        if max_bytes is not None and total is not None and total > max_bytes:
+            raise _too_large(url, max_bytes, f"the server announces {total:,} bytes")
         if done:
             stream.write(f"Resuming {part.name} at byte {done:,}\n")
         progress = _Progress(part.name.removesuffix(".part"), total, done, stream)
@@ -356,6 +390,9 @@ def _download_once(url: str, part: Path, timeout: float, stream: IO[str]) -> Non
                 block = resp.read(_CHUNK)
                 if not block:
                     break
+                if max_bytes is not None and progress.done + len(block) > max_bytes:
+                    # A server that sends more than it announced, or announced nothing: stop here.
+                    raise _too_large(url, max_bytes, f"the server sent over {max_bytes:,} bytes")
                 out.write(block)
                 progress.update(len(block))
         progress.finish()
@@ -365,25 +402,86 @@ def _download_once(url: str, part: Path, timeout: float, stream: IO[str]) -> Non
         )
 
 
+def _lock_part(part: Path, stream: IO[str]) -> int:
+    """An open descriptor of `part` holding an exclusive flock, `part` still being that file.
+
+    flock (not a lock-by-creating-a-file scheme): the kernel drops it when its holder dies, so a
+    killed download never blocks the next one.  It locks an open file, so after waiting we check
+    that the path still names the file we locked: the holder may have renamed it to the finished
+    file, or deleted it after a checksum mismatch, and then we start over on a fresh `.part`.
+    """
+    said = False
+    while True:
+        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                if not said:
+                    stream.write(f"Waiting for another process or thread downloading {part.name} into "
+                                 f"{part.parent} to finish\n")
+                    stream.flush()
+                    said = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if part.exists() and os.path.samestat(os.fstat(fd), part.stat()):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)                                   # the file we locked is gone: start over
+
+
 def download_file(url: str, dest: str | os.PathLike, sha256: str | None = None, *,
                   timeout: float = CONNECT_TIMEOUT_S, attempts: int = 3,
-                  stream: IO[str] | None = None) -> Path:
+                  stream: IO[str] | None = None, max_bytes: int | None = None) -> Path:
     """Download url to dest through `dest.part`, resuming, checking sha256 (None: no check).
 
     A connection that drops after some bytes arrived is resumed up to
     `attempts` times; a failure to connect at all is raised at once as
     MnistDownloadError.  On a checksum mismatch the downloaded file is deleted
     and MnistChecksumError raised.  dest appears only once complete and checked.
+    More than `max_bytes` (None: no limit) raises MnistDownloadTooLargeError
+    and deletes what came.  Concurrent calls for the same dest, from threads or
+    processes, take turns: a later one finds dest finished and returns it.
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     stream = stream if stream is not None else sys.stderr
     dest.parent.mkdir(parents=True, exist_ok=True)
+    fd = _lock_part(part, stream)
+    try:
+        if dest.is_file():            # another process finished it while we waited
+            _remove_if_empty(part)
+            _check_hash(dest, sha256, hint="Delete it to download it again.")
+            return dest
+        _download_locked(url, dest, part, sha256, timeout, attempts, stream, max_bytes)
+        return dest
+    finally:
+        os.close(fd)                  # releases the lock
+
+
+def _remove_if_empty(part: Path) -> None:
+    """Delete part if it holds no byte (our lock created it); a partial download stays for a resume."""
+    try:
+        if part.stat().st_size == 0:
+            part.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _download_locked(url: str, dest: Path, part: Path, sha256: str | None, timeout: float, attempts: int,
+                     stream: IO[str], max_bytes: int | None) -> None:
+    """download_file's work, with the lock on part held."""
     for attempt in range(1, attempts + 1):
         before = part.stat().st_size if part.exists() else 0
         try:
-            _download_once(url, part, timeout, stream)
+            _download_once(url, part, timeout, stream, max_bytes)
             break
+        except MnistDownloadTooLargeError:
+            part.unlink(missing_ok=True)       # not the file: resuming it would only make it longer
+            raise
         except (OSError, http.client.HTTPException, ValueError) as exc:
             # OSError: URLError (refused, no route, DNS), HTTPError, timeouts and resets mid-stream;
             # HTTPException: a broken response; ValueError: a malformed URL.
@@ -395,6 +493,7 @@ def download_file(url: str, dest: str | os.PathLike, sha256: str | None = None, 
             if after > before and attempt < attempts:
                 stream.write(f"\nDownload interrupted ({reason}); resuming ({attempt}/{attempts - 1})\n")
                 continue
+            _remove_if_empty(part)
             kept = (f" The {after:,} bytes received so far stay in {part} and a later call resumes."
                     if after else "")
             raise MnistDownloadError(
@@ -410,7 +509,6 @@ def download_file(url: str, dest: str | os.PathLike, sha256: str | None = None, 
                 f"(None skips the check)."
             )
     os.replace(part, dest)
-    return dest
 
 
 # --------------------------------------------------------------------------- load_mnist
@@ -451,7 +549,7 @@ def _resolve(url: str, hash_check: str | None, out_dir: str) -> dict[str, Split]
     if folder.is_dir() and _any_idx_present(folder):
         return read_idx_folder(folder)
 
-    download_file(url, path, hash_check or None)
+    download_file(url, path, hash_check or None, max_bytes=MNIST_MAX_BYTES)
     return _read_npz(path)
 
 
