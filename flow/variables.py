@@ -5,6 +5,7 @@ from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import TensorType, dtype_name
 from flowc.compiler.trace import Blob, current, emit, user_location
 from flowc.runtime import initializers
+from flowc.runtime.checkpoint import shorten_name, variable_name_problem
 
 
 def get_variable(name: str, shape=None, dtype=None, initializer=None, regularizer=None, trainable: bool = True,
@@ -21,6 +22,9 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
     loc = user_location()
     if not isinstance(name, str) or not name:
         raise TraceError(f"{loc}: {api}: name must be a non-empty string, got {name!r}")
+    problem = variable_name_problem(name)     # decided here, not at the first checkpoint save
+    if problem is not None:
+        raise TraceError(f"{loc}: {api}: name {shorten_name(name)} {problem}")
     if shape is None:
         raise TraceError(f"{loc}: {api}: variable {name!r} needs a shape")
     try:

@@ -27,6 +27,12 @@ Rules this module keeps:
   variable's initial value when it is declared (`take_pending`, called by the session).
 * Values are written in place (`np.copyto`): compiled steps hold pointers into the arrays.
 * Never pickle: arrays are read with an explicit little-endian dtype.
+* A variable's name is its folder's name, so which names are allowed is decided once, when a job
+  declares the variable (`check_variable_name`, called by `flow.get_variable`), not discovered
+  at the first save: no `/` (OneFlow reads `op/blob`, so its variables cannot have one either),
+  not `snapshot_done` or the train step prefix, at most MAX_VARIABLE_NAME_BYTES of UTF-8.
+* A save's temporary folder is named after the host and pid that write it; the next save into
+  the same parent folder removes those of this host whose process is gone (a killed save).
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +53,12 @@ from flowc.runtime.devices import sync_to_device
 
 SNAPSHOT_DONE = "snapshot_done"
 TRAIN_STEP_PREFIX = "System-Train-TrainStep-"
+
+# A name is one folder name: 255 bytes on Linux, macOS and Windows file systems.  The variable's
+# optimizer state is saved beside it as `<name>-momentum` (SGD) or `<name>-m`, `<name>-v` (Adam),
+# so the name leaves room for the longest of those suffixes.
+FILE_NAME_MAX_BYTES = 255
+MAX_VARIABLE_NAME_BYTES = FILE_NAME_MAX_BYTES - len("-momentum")
 
 # flowc dtype names <-> OneFlow's DataType enum names (as protobuf text format writes them).
 ONEFLOW_DTYPE = {"float32": "kFloat", "float64": "kDouble", "int8": "kInt8", "int32": "kInt32",
@@ -220,10 +233,25 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, SavedVariable]:
             continue                                     # not a variable folder
         var_type = None
         if os.path.isfile(meta):
-            with open(meta, encoding="utf-8") as f:
-                var_type = parse_meta(f.read(), name, path)
+            var_type = parse_meta(_read_meta_text(meta, name, path), name, path)
         found[name] = SavedVariable(name, folder, var_type, path)
     return found
+
+
+def _read_meta_text(meta: str, name: str, where: str) -> str:
+    """A meta file's text; a file that cannot be read or is not text is a CheckpointError naming it."""
+    try:
+        with open(meta, "rb") as f:
+            data = f.read(1 << 20)              # a real meta file is one line; more is not one
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {where}: variable {name!r}: cannot read its meta file {meta} "
+                              f"({e.strerror})") from e
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"checkpoint {where}: variable {name!r}: its meta file {meta} is not text "
+                              f"(byte {e.start} is {data[e.start:e.start + 1]!r}); the checkpoint is damaged, "
+                              f"or this folder is not a checkpoint") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +314,8 @@ def save(session, path: str | os.PathLike) -> None:
         _check_name(name)
     parent, base = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{base}.saving-{os.getpid()}-{secrets.token_hex(4)}")
+    remove_dead_temp_folders(parent)
+    tmp = os.path.join(parent, _temp_folder_name(base))
     os.mkdir(tmp)
     try:
         for name, value, dtype in entries:
@@ -308,6 +337,55 @@ def save(session, path: str | os.PathLike) -> None:
         raise
 
 
+# `.<base>.saving-<host>-<pid>-<8 hex>`: who writes it, so a later save can tell a dead save's
+# folder from one in progress.  The host matters when the folder is shared over the network: a pid
+# is only known dead on its own machine.
+_TEMP_FOLDER = re.compile(r"\..*\.saving-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "localhost"
+
+
+def _temp_folder_name(base: str) -> str:
+    return f".{base}.saving-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                   # another user's process: alive
+        return True
+    except OverflowError:                     # not a pid at all
+        return False
+    return True
+
+
+def remove_dead_temp_folders(parent: str) -> list[str]:
+    """Remove the temporary folders in `parent` left by saves of this host's processes that died
+    (killed mid-save: `save` removes its own on every error it sees); return their paths.
+
+    A folder of a live process (a save in progress, this process's own included), of another
+    host, or with a name of another form is left alone.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed                        # the save itself reports an unusable folder
+    host = _host()
+    for name in names:
+        match = _TEMP_FOLDER.fullmatch(name)
+        if match is None or match["host"] != host or _pid_alive(int(match["pid"])):
+            continue
+        folder = os.path.join(parent, name)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def _check_fresh(path: str) -> None:
     if os.path.isdir(path):
         if os.listdir(path):
@@ -317,9 +395,66 @@ def _check_fresh(path: str) -> None:
         raise CheckpointError(f"checkpoint {path}: exists and is not a folder")
 
 
+def variable_name_problem(name: str, max_bytes: int = MAX_VARIABLE_NAME_BYTES) -> str | None:
+    """Why `name` cannot be a variable's name (its checkpoint folder's name), or None when it can.
+
+    `max_bytes` is MAX_VARIABLE_NAME_BYTES for a name a user declares, FILE_NAME_MAX_BYTES for a
+    folder a save writes (an optimizer state's `<name>-momentum` uses the room left for it).
+
+    Example:
+        variable_name_problem("dense/weight")
+        # "contains '/', which a checkpoint folder name cannot hold ..."
+    """
+    if name == SNAPSHOT_DONE:
+        return f"is reserved: {SNAPSHOT_DONE!r} is the file that marks a checkpoint complete"
+    if name.startswith(TRAIN_STEP_PREFIX):
+        return f"starts with {TRAIN_STEP_PREFIX!r}, reserved for the train step counters of checkpoints"
+    if max_bytes < FILE_NAME_MAX_BYTES:
+        why = (f"so that its checkpoint folder (and its optimizer state's, '<name>-momentum') fits the "
+               f"{FILE_NAME_MAX_BYTES}-byte file name limit")
+    else:
+        why = "the file name limit"
+    return _folder_name_problem(name, max_bytes, why)
+
+
+def _folder_name_problem(name: str, max_bytes: int, why_max: str) -> str | None:
+    if not name or name in (".", ".."):
+        return "is not a folder name"
+    if "/" in name or os.sep in name:
+        return ("contains '/', which a checkpoint folder name cannot hold (nor can OneFlow use it: it "
+                "names a variable's value 'name/out'); use '-' as flow.layers does ('dense-weight')")
+    if "\0" in name:
+        return "contains a NUL character"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (it holds a lone surrogate character)"
+    if size > max_bytes:
+        return f"is {size:,} bytes long in UTF-8; at most {max_bytes} bytes are allowed, {why_max}"
+    return None
+
+
+def check_variable_name(name: str, where: str, max_bytes: int = MAX_VARIABLE_NAME_BYTES) -> None:
+    """Raise CheckpointError unless `name` can be a variable's name; `where` starts the message."""
+    problem = variable_name_problem(name, max_bytes)
+    if problem is not None:
+        raise CheckpointError(f"{where}: variable name {shorten_name(name)} {problem}")
+
+
+def shorten_name(name: str) -> str:
+    """repr(name), cut to 60 characters: a 10,000-character name must not fill the message."""
+    text = repr(name)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(name):,} characters)"
+
+
 def _check_name(name: str) -> None:
-    if not name or name in (".", "..") or "/" in name or (os.sep in name) or "\0" in name:
-        raise CheckpointError(f"variable {name!r} cannot be saved: its name is not a valid folder name")
+    if not name.startswith(TRAIN_STEP_PREFIX):
+        check_variable_name(name, "cannot save", FILE_NAME_MAX_BYTES)
+        return
+    problem = _folder_name_problem(name, FILE_NAME_MAX_BYTES, "the file name limit")
+    if problem is not None:                      # the job's name makes the folder's
+        raise CheckpointError(f"cannot save the train step counter of job "
+                              f"{shorten_name(name[len(TRAIN_STEP_PREFIX):])}: its folder name {problem}")
 
 
 def resolve(session, name: str, value: Any, where: str) -> np.ndarray | PendingValue:
@@ -383,6 +518,8 @@ def load_values(session, values: dict[str, Any], where: str, ignore_unknown: boo
         if name.startswith(TRAIN_STEP_PREFIX):
             steps[name[len(TRAIN_STEP_PREFIX):]] = _train_step(value, name, where)
             continue
+        if name not in session.variables:     # kept for a later declaration: refuse what none could be
+            check_variable_name(name, where, FILE_NAME_MAX_BYTES)    # (an optimizer state's name is longer)
         if not ignore_unknown and name not in session.variables:
             known = ", ".join(sorted(session.variables)) or "none yet: no job has been called"
             raise CheckpointError(f"{where}: variable {name!r} is not declared in this session (declared: "
