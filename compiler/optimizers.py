@@ -38,6 +38,23 @@ class PiecewiseConstantScheduler:
         return self.values[bisect.bisect_right(self.boundaries, step)]
 
 
+def check_loss(loss, api: str, loc: str) -> None:
+    """Raise a TraceError starting with the user's line `loc` unless `loss` is a floating-point Blob.
+
+    Checked where the user names the loss (`minimize`, `flow.losses.add_loss`), so the message
+    points at that line rather than at the job's definition once the backward pass is built.
+    """
+    from flowc.compiler.ir import FLOAT_DTYPES
+    from flowc.compiler.trace import Blob
+    if not isinstance(loss, Blob):
+        raise TraceError(f"{loc}: {api}: the loss must be a Blob of the job (a flow op's result), "
+                         f"got {type(loss).__name__}")
+    if loss.type.dtype not in FLOAT_DTYPES:
+        raise TraceError(f"{loc}: {api}: the loss must be floating point to have a gradient, got "
+                         f"{loss.type}; compute it in floating point, or cast it with "
+                         f"flow.cast(loss, flow.float32)")
+
+
 def _as_scheduler(lr) -> PiecewiseConstantScheduler:
     if isinstance(lr, (int, float)):
         return PiecewiseConstantScheduler([], [float(lr)])
@@ -56,6 +73,7 @@ class Optimizer:
     def minimize(self, loss) -> None:
         from flowc.compiler.trace import current, user_location
         ctx = current("optimizer.minimize")
+        check_loss(loss, "optimizer.minimize", user_location())
         if ctx.job_type != "train":
             raise TraceError(f"{user_location()}: optimizer.minimize() is only allowed in a job declared "
                              f"with @flow.global_function(type=\"train\"); {ctx.job_name!r} is {ctx.job_type!r}")

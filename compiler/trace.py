@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Iterator
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from flowc.compiler import dtypes
-from flowc.compiler.errors import TraceError
+from flowc.compiler.errors import JobCallError, TraceError
 from flowc.compiler.ir import GraphBuilder, TensorType
 from flowc.compiler.ops import ShapeError
 
@@ -58,6 +59,7 @@ class TraceContext:
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
+    thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property
     def device(self) -> str:
@@ -88,6 +90,21 @@ def current(what: str = "this op") -> TraceContext:
         raise TraceError(f"{user_location()}: {what} can only be used inside a function decorated "
                          "with @flow.global_function (it builds the job's graph)")
     return _current[-1]
+
+
+def refuse_job_call_while_tracing(job_name: str) -> None:
+    """Raise JobCallError, naming the user's line, if this thread is tracing a job function.
+
+    A job's body builds a graph; calling a job there would run a compiled step (or, for the job
+    itself, trace it again without end) in the middle of that graph.  Other threads' traces do
+    not count: a thread may call jobs while another one traces.
+    """
+    me = threading.get_ident()
+    outer = next((ctx for ctx in reversed(_current) if ctx.thread_id == me), None)
+    if outer is not None:
+        raise JobCallError(f"{user_location()}: job {job_name!r} is called inside job {outer.job_name!r} "
+                           f"while that job is traced; a job function cannot call another job function. "
+                           f"Move the shared ops into a plain Python function and call that from both")
 
 
 def emit(op: str, inputs: list[Blob] | tuple = (), attrs: dict | None = None, *,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from flowc.compiler.errors import TraceError
+from flowc.compiler.optimizers import check_loss
 from flowc.compiler.trace import Blob, current, user_location
 
 
@@ -14,4 +15,5 @@ def add_loss(loss: Blob) -> None:
     ctx = current("flow.losses.add_loss")
     if not isinstance(loss, Blob):
         raise TraceError(f"{user_location()}: flow.losses.add_loss: expected a Blob, got {type(loss).__name__}")
+    check_loss(loss, "flow.losses.add_loss", user_location())
     ctx.losses.append(loss)

@@ -18,6 +18,7 @@ import numpy as np
 from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
 from flowc.compiler.errors import JobCallError
 from flowc.compiler.ir import dtype_name, numpy_dtype
+from flowc.compiler.trace import refuse_job_call_while_tracing
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
 from flowc.runtime.register import Register
 from flowc.runtime.session import default_session
@@ -209,6 +210,7 @@ class JobFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Validate, feed a free slot, and run the step: wait for it (annotated results), or return
         a callback registrar (`-> tp.Callback[T]`) or a future (no annotation, the old API)."""
+        refuse_job_call_while_tracing(self.name)
         arrays = self._bind(args, kwargs)
         loaded = self._ensure_ready()
         session = self._session
