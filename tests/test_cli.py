@@ -190,11 +190,63 @@ def test_broken_modules_exit_2_with_one_clear_line(tmp_path, name):
     (("show", MLP, "--ir", "--after", "no_such_pass"), "unknown pass 'no_such_pass'; the passes are: simplify, "),
     (("graph", MLP, "-o", "x.dot"), "has 2 jobs (train_job, eval_job); name one"),
     (("graph", f"{MLP}:eval_job", "-o", "x.pdf"), "the file must end in .dot, .svg, .png"),
+    (("graph", f"{MLP}:eval_job", "-o", "no_such_dir/x.dot"),
+     "-o no_such_dir/x.dot: the folder no_such_dir does not exist; create it first"),
+    (("graph", f"{MLP}:eval_job", "-o", "no_such_dir/x.svg"), "the folder no_such_dir does not exist"),
+    (("graph", f"{MLP}:eval_job", "-o", "examples/x.dot/"), "-o examples/x.dot/: names a folder; give a file name"),
+    (("graph", f"{MLP}:eval_job", "-o", "README.md/x.dot"), "README.md is not a folder"),
+    (("compile", MLP, "--cache-dir", "README.md/cache"), "--cache-dir README.md/cache: README.md is not a folder"),
 ])
 def test_usage_errors_exit_2(tmp_path, args, message):
     done = flowc(*args, cache=tmp_path)
     assert done.returncode == 2
     assert message in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_graph_into_an_unwritable_place_is_one_line(tmp_path):
+    out = tmp_path / "x.dot"
+    out.mkdir()                                  # a folder where the file should go
+    done = flowc("graph", f"{MLP}:eval_job", "-o", str(out), cache=tmp_path / "c")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"flowc graph: error: -o {out}: is a folder; give a file name"
+
+
+def test_module_calling_os_exit_at_import_is_an_error_not_a_silent_success(tmp_path):
+    (tmp_path / "quits.py").write_text("import os\nimport flow\n\nos._exit(0)\n")
+    done = flowc("compile", str(tmp_path / "quits.py"), cache=tmp_path / "c")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"flowc compile: error: importing .*quits\.py called os\._exit\(0\), which would end "
+                    r"flowc before it compiled anything", last), done.stderr
+    assert 'quits.py", line 4, in <module>' in done.stderr and "refuse" not in done.stderr
+
+
+def test_job_calling_os_exit_while_traced_is_an_error_naming_the_line(tmp_path):
+    (tmp_path / "quits_later.py").write_text(
+        "import os\nimport flow\nimport flow.typing as tp\n\n\n"
+        "@flow.global_function(type='predict')\n"
+        "def quitter(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:\n"
+        "    os._exit(0)\n"
+        "    return x\n")
+    done = flowc("compile", str(tmp_path / "quits_later.py"), cache=tmp_path / "c")
+    assert done.returncode == 2
+    assert "error: quits_later.py:8: the job code called os._exit(0)" in done.stderr
+
+
+def test_module_forking_a_child_at_import_still_compiles(tmp_path):
+    """multiprocessing ends a forked child with os._exit: only flowc's own process is guarded."""
+    (tmp_path / "forks.py").write_text(
+        "import multiprocessing\nimport flow\nimport flow.typing as tp\n\n"
+        "def work():\n    pass\n\n"
+        "child = multiprocessing.get_context('fork').Process(target=work)\n"
+        "child.start()\nchild.join(60)\nassert child.exitcode == 0, child.exitcode\n\n\n"
+        "@flow.global_function(type='predict')\n"
+        "def double(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:\n"
+        "    return x + x\n")
+    done = flowc("compile", str(tmp_path / "forks.py"), cache=tmp_path / "c")
+    assert done.returncode == 0, done.stderr
+    assert "1 job(s)" in done.stdout and "1 compiled" in done.stdout
 
 
 def test_compile_failure_prints_compiler_message_and_source_path(tmp_path):

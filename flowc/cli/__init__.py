@@ -7,7 +7,9 @@
     flowc --version
 
 Each command lives in its own module with `add_parser(subparsers)` and `run(args) -> exit code`.
-Errors the user fixes (no such file, no such job, unknown pass) exit with 2 and one line.
+Errors the user fixes (no such file, no such job, unknown pass, an output path in a missing folder,
+an unusable cache folder, a module that calls `os._exit` while flowc imports it) exit with 2 and
+one line.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import os
 import sys
 
 from flowc.cli import cache_command, compile_command, graph_command, show_command
-from flowc.cli.modules import CliError
+from flowc.cli.modules import CliError, ProcessExitRefused, refusing_os_exit
 
 COMMANDS = {"compile": compile_command, "show": show_command, "graph": graph_command, "cache": cache_command}
 
@@ -40,8 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from flowc.compiler.cache import CacheError
     try:
-        return COMMANDS[args.command].run(args)
+        with refusing_os_exit():
+            return COMMANDS[args.command].run(args)
+    except ProcessExitRefused as e:          # from a job's body, while it was traced
+        print(f"\nflowc {args.command}: error: {e.where()}: the job code called {e}, which would end flowc "
+              f"before it finished; a job function must not end the process", file=sys.stderr)
+        return 2
+    except CacheError as e:                  # an unusable cache folder (--cache-dir, FLOWC_CACHE_DIR)
+        print(f"flowc {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:                  # `flowc show ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

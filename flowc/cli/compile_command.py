@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from flowc.cli.modules import CliError, jobs_of
+from flowc.cli.output import check_output_folder
 from flowc.compiler import settings
 from flowc.compiler.backends import backends, device_names, get_backend
 
@@ -36,6 +38,7 @@ def add_parser(sub) -> None:
 def use_cache_dir(folder: str | None) -> None:
     """Point this process's cache at `folder` (the library reads FLOWC_CACHE_DIR)."""
     if folder:
+        check_output_folder(Path(folder), "--cache-dir")
         settings.set_cache_dir(folder)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-from pathlib import Path
 
 from flowc.cli.modules import CliError, jobs_of
+from flowc.cli.output import check_output_file, write_output_file
 
 FORMATS = (".dot", ".svg", ".png")
 INSTALL_DOT = ("Graphviz's `dot` is not installed: `apt-get install graphviz` (Debian/Ubuntu), "
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.output)
+    out = check_output_file(args.output, "-o")        # before the seconds of tracing and lowering
     if out.suffix not in FORMATS:
         raise CliError(f"-o {args.output}: the file must end in {', '.join(FORMATS)}")
     jobs = jobs_of(args.target)
@@ -37,13 +37,13 @@ def run(args: argparse.Namespace) -> int:
                        "name one: MODULE.py:JOB")
     dot_text = jobs[0].lower().as_dot()
     if out.suffix == ".dot":
-        out.write_text(dot_text)
+        write_output_file(out, dot_text, "-o")
         print(f"wrote {out}")
         return 0
     dot = shutil.which("dot")
     if dot is None:
         fallback = out.with_suffix(".dot")
-        fallback.write_text(dot_text)
+        write_output_file(fallback, dot_text, "-o")
         print(f"{INSTALL_DOT}.\nwrote {fallback} instead; render it later with "
               f"`dot -T{out.suffix[1:]} {fallback} -o {out}`")
         return 1

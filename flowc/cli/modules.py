@@ -7,12 +7,15 @@ imported under its own name (as `import train` would), with its folder first on
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 
 class CliError(Exception):
@@ -22,6 +25,44 @@ class CliError(Exception):
         super().__init__(message)
         self.code = code
         self.details = details
+
+
+class ProcessExitRefused(BaseException):
+    """The user's code called `os._exit` while a flowc command ran it (a BaseException, so that the
+    user's own `except Exception` cannot swallow it)."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(f"os._exit({code!r})")
+        self.code = code
+
+    def where(self) -> str:
+        """`file:line` of the call: the innermost frame outside this module."""
+        frames = [f for f in traceback.extract_tb(self.__traceback__)
+                  if Path(f.filename).resolve() != Path(__file__).resolve()]
+        return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "<unknown>"
+
+
+@contextlib.contextmanager
+def refusing_os_exit() -> Iterator[None]:
+    """While a command imports and traces the user's module, `os._exit` raises ProcessExitRefused.
+
+    os._exit ends the process at once, with the code the user's module chose (0 in the case that
+    made this): `flowc compile` would report success having compiled nothing.  A forked child
+    (multiprocessing ends its children with os._exit) still exits: only this process is guarded.
+    """
+    real_exit = os._exit
+    guarded_pid = os.getpid()
+
+    def refuse(code: int) -> None:
+        if os.getpid() != guarded_pid:
+            real_exit(code)
+        raise ProcessExitRefused(code)
+
+    os._exit = refuse     # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real_exit
 
 
 @dataclass(frozen=True)
@@ -61,6 +102,10 @@ def load_module(path_text: str) -> ModuleType:
         sys.modules.pop(name, None)
         if isinstance(e, KeyboardInterrupt):
             raise
+        if isinstance(e, ProcessExitRefused):
+            raise CliError(f"importing {path_text} called {e}, which would end flowc before it compiled "
+                           f"anything; put that code under `if __name__ == \"__main__\":`",
+                           details=_user_traceback(e, path)) from None
         raise CliError(f"importing {path_text} raised {type(e).__name__}: {e}",
                        details=_user_traceback(e, path)) from None
     return module
@@ -70,7 +115,10 @@ def _user_traceback(error: BaseException, path: Path) -> str:
     """The traceback from the user's module down, without flowc's import machinery above it."""
     frames = traceback.extract_tb(error.__traceback__)
     start = next((i for i, f in enumerate(frames) if Path(f.filename).resolve() == path), 0)
-    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])
+    end = len(frames)
+    while end > start + 1 and Path(frames[end - 1].filename).resolve() == Path(__file__).resolve():
+        end -= 1                          # refusing_os_exit's own frame: the user's call is the news
+    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:end])
     return "".join(lines + traceback.format_exception_only(type(error), error)).rstrip()
 
 
