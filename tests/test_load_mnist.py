@@ -384,6 +384,13 @@ def test_announced_oversize_download_is_refused_before_writing(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+def test_unwritable_out_dir_is_a_download_error_naming_the_file(tmp_path, server):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(MnistDownloadError, match=r"cannot write .*file/data/mnist\.npz\.part"):
+        load_mnist(url=server.url, out_dir=str(tmp_path / "file" / "data"))
+    assert server.requests == []
+
+
 def test_truncated_cached_npz_is_a_format_error_saying_what_to_do(tmp_path, payload):
     cached = tmp_path / "mnist.npz"
     cached.write_bytes(payload[: len(payload) // 2])      # an interrupted copy

@@ -449,8 +449,12 @@ def download_file(url: str, dest: str | os.PathLike, sha256: str | None = None, 
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     stream = stream if stream is not None else sys.stderr
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd = _lock_part(part, stream)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = _lock_part(part, stream)
+    except OSError as exc:
+        raise MnistDownloadError(f"Could not download {url} into {dest.parent}: cannot write {part} "
+                                 f"({exc.strerror or exc})") from exc
     try:
         if dest.is_file():            # another process finished it while we waited
             _remove_if_empty(part)
