@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import warnings
 
 import jinja2
@@ -24,7 +25,7 @@ from flowc.compiler.codegen.sanitise import (MAX_COMMENT_CHARS, CodegenEnvironme
                                              c_literal, comment_text, emit)
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, freeze_attrs
-from flowc.compiler.pipeline import lower
+from flowc.compiler.pipeline import debug_folder_label, lower
 from flowc.compiler.resources import template_folder
 from flowc.runtime.session import Session
 from tests.oracle import compile_case
@@ -366,3 +367,22 @@ def test_a_stale_bytecode_cache_cannot_skip_the_sanitiser(tmp_path, monkeypatch)
         version="v", job=JOB_NAME_PAYLOAD, calls=[], copy_backs=[], profile=False, uses_gemm=False, uses_conv=False,
         bindings=[], kernels=[], split=False, with_step=True, prototypes=[])
     assert "constructor" in source.splitlines()[0] and source.splitlines()[1] == "//"
+
+
+def test_debug_folder_names_are_generated():
+    assert debug_folder_label("a/b") == "a_b"
+    for name in ["..", "/", "a\x00b", "x" * 10_000, "../../etc/passwd", "\u2028"]:
+        label = debug_folder_label(name)
+        assert label and len(label) <= 40 and re.fullmatch(r"[A-Za-z0-9_]+", label), name
+
+
+@pytest.mark.parametrize("job_name", ["a/b", "..", "a\x00b", "../../x"])
+def test_debug_dump_with_a_path_like_job_name(tmp_path, monkeypatch, capsys, job_name):
+    """FLOWC_DEBUG=1 writes its dump into a folder of a generated name inside the temp directory."""
+    monkeypatch.setenv("FLOWC_DEBUG", "1")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    job = user_module("user.py", SMALL_JOB)["define"](job_name)
+    job(np.zeros((2, 3), np.float32))
+    dumps = [p for p in tmp_path.iterdir() if p.name.startswith("flowc-")]
+    assert len(dumps) == 1 and (dumps[0] / "step.cpp").is_file()
+    assert repr(job_name) in capsys.readouterr().err
