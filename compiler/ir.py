@@ -10,9 +10,14 @@ node holding the variable's next value; the optimizer update of a train job).
 
 Graphs are treated as immutable by the passes: a pass builds a new graph with
 `GraphBuilder` or `Graph.replace(...)` rather than editing nodes in place.
+
+Numbers enter the graph as exact built-in `bool`, `int` and `float` (attributes, shapes): a user's
+subclass with its own `__repr__` or `__format__`, or a NumPy scalar, is converted when the node is
+made, so only the numeric value can ever reach generated code.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
@@ -56,11 +61,42 @@ def c_type(name: str) -> str:
     return DTYPES[name][1]
 
 
+def is_number(value: Any) -> bool:
+    """Is `value` a Python or NumPy bool, int or float?"""
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def plain_number(value: Any) -> bool | int | float:
+    """A number as an exact built-in `bool`, `int` or `float` (NumPy scalars and subclasses too).
+
+    A subclass of int or float may override `__repr__`, `__str__`, `__format__`, `__int__` or
+    `__float__`; the base types' own conversions are called here, so only the value survives.
+    """
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def plain_dim(value: Any) -> int:
+    """A shape's dimension as an exact `int` (NumPy integers and int subclasses too)."""
+    return int.__int__(operator.index(value))
+
+
 @dataclass(frozen=True)
 class TensorType:
     shape: tuple[int, ...]
     dtype: str
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if type(self.shape) is not tuple or any(type(d) is not int for d in self.shape):
+            object.__setattr__(self, "shape", tuple(plain_dim(d) for d in self.shape))
 
     @property
     def size(self) -> int:
@@ -76,12 +112,17 @@ class TensorType:
 
 
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """Attributes as a sorted tuple so that nodes hash (CSE relies on it)."""
+    """Attributes as a sorted tuple so that nodes hash (CSE relies on it); numbers and strings as
+    exact built-in values (see the module docstring)."""
     def freeze(v: Any) -> Any:
-        if isinstance(v, list):
+        if isinstance(v, (list, tuple)):
             return tuple(freeze(x) for x in v)
         if isinstance(v, np.generic):
-            return v.item()
+            v = v.item()
+        if is_number(v):
+            return plain_number(v)
+        if isinstance(v, str):
+            return str.__str__(v)
         return v
     return tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
 

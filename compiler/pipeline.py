@@ -6,6 +6,7 @@ memory plan are written to a folder whose path is printed.
 """
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 import time
@@ -180,7 +181,7 @@ def build_lowered(program: Program, records: list[PassRecord], timings: dict[str
 
 
 def _write_debug_dump(step: CompiledStep) -> None:
-    folder = Path(tempfile.mkdtemp(prefix=f"flowc-{step.program.graph.name}-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"flowc-{debug_folder_label(step.program.graph.name)}-"))
     for i, rec in enumerate(step.passes):
         (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")
     source_name = get_backend(step.device).source_file
@@ -190,3 +191,10 @@ def _write_debug_dump(step: CompiledStep) -> None:
     state = "compiled" if step.compiled else "from cache"
     print(f"flowc: job {step.program.graph.name!r} ({state}): IR after each pass, {source_name} and the memory "
           f"plan in {folder}; the library is {step.library} (source {step.source_path})", file=sys.stderr)
+
+
+def debug_folder_label(job_name: str) -> str:
+    """The part of a debug folder's name that recalls the job: letters, digits and `_` only, at most
+    40 of them ("job" when none are left), so a job named `a/b`, `..` or with a NUL in it still gets
+    a folder inside the temp directory.  The job's own name is in the message that names the folder."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", job_name)[:40].strip("_") or "job"

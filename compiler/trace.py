@@ -19,7 +19,7 @@ import numpy as np
 
 from flowc.compiler import dtypes
 from flowc.compiler.errors import JobCallError, TraceError
-from flowc.compiler.ir import GraphBuilder, TensorType
+from flowc.compiler.ir import GraphBuilder, TensorType, plain_number
 from flowc.compiler.ops import ShapeError
 
 # flowc's own modules, told apart by module name (not path: the packages load through `flowc/`,
@@ -138,7 +138,8 @@ def as_blob(value: Any, like: Blob, api: str) -> Blob:
     if isinstance(value, np.number):
         value = value.item()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return scalar_blob(value, like)
+        # the value only: a subclass's own __repr__/__format__ never reaches the graph or the source
+        return scalar_blob(plain_number(value), like)
     raise TraceError(f"{user_location()}: {api}: expected a Blob or a Python number, got {type(value).__name__}")
 
 

@@ -11,6 +11,10 @@ method that lays the kernel out, its template, the method that computes its geom
 of the generic kinds (pointwise, reduction, matmul) need no row: one method per kernel kind
 lowers them all from their rule's C expression.  `lowering_of(rule)` answers for any op, and
 tests/test_backends.py fails when an op lacks a lowering in a registered backend.
+
+What a generator hands a template is `CodeText` (sanitise.py) when it built it itself: buffer
+names, C statements, comments over sanitised pieces.  Anything else a template writes is
+sanitised as comment text; user names and file names reach the source only that way.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from typing import Callable, ClassVar, Final
 
 import numpy as np
 
-from flowc.compiler.ir import Graph, c_type
+from flowc.compiler.codegen.sanitise import CodeText, c_identifier, c_literal, code, code_format, code_lines
+from flowc.compiler.ir import Graph, c_type, is_number
 from flowc.compiler.ops import OPS, OpRule
 from flowc.compiler.ops.pointwise import broadcast_strides
 from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
@@ -61,12 +66,12 @@ class Params:
         self.writes = kernel_writes
         self.order: list[int] = []
 
-    def use(self, node_id: int) -> str:
+    def use(self, node_id: int) -> CodeText:
         if node_id not in self.order:
             self.order.append(node_id)
-        return f"b{node_id}"
+        return code(f"b{node_id}")
 
-    def declarations(self) -> list[str]:
+    def declarations(self) -> list[CodeText]:
         storage = self.gen.memory.storage
         where = [(storage[n].kind, storage[n].key) for n in self.order]
         decls = []
@@ -77,7 +82,7 @@ class Params:
             # (an in-place update reads and writes one variable).
             restrict = " FLOWC_RESTRICT" if where.count(w) == 1 else ""
             decls.append(f"{const}{t}*{restrict} b{n}")
-        return decls
+        return code_lines(decls)
 
     def arguments(self) -> list:
         """What the step passes for each parameter, in the backend's terms (`argument`)."""
@@ -133,13 +138,15 @@ class KernelGenerator:
         buf = self.memory.storage.get(node_id)
         return buf is not None and buf.kind in ("arena", "variable") and node_id in kernel.nodes()
 
-    def comment(self, k: Kernel) -> str:
+    def comment(self, k: Kernel) -> CodeText:
+        """`kernel: %id op @file:line, ...`; the user's file name is sanitised (it is the user's text)."""
         nodes = [self.graph.node(n) for n in k.nodes()]
-        return f"{k.name}: " + ", ".join(f"%{n.id} {n.op} @{n.loc}" for n in nodes if n.op != "constant")
+        parts = [code_format("%{} {} @{}", n.id, code(n.op), n.loc) for n in nodes if n.op != "constant"]
+        return code(f"{c_identifier(k.name)}: " + ", ".join(parts))
 
     # -- fused pointwise arithmetic -------------------------------------------------------------
     def pointwise_lines(self, kernel: Kernel, members: list[int], params: Params,
-                        offset: Callable[[list[int]], str], anchor_value: str | None = None) -> list[str]:
+                        offset: Callable[[list[int]], str], anchor_value: str | None = None) -> list[CodeText]:
         """C statements computing `members` at linear index `i` (plus loads and stores)."""
         lines: list[str] = []
         loads: dict[tuple, str] = {}
@@ -165,12 +172,13 @@ class KernelGenerator:
                 operands.append(loads[key])
             t = c_type(node.type.dtype)
             assert rule.c_expr is not None, node.op       # every pointwise rule has one (OpRule checks it)
-            expr = rule.c_expr.format(*operands, T=t, **{k: literal(v) for k, v in node.attrs})
+            # Only numeric attributes become literals: a c_expr naming any other attribute fails here.
+            expr = rule.c_expr.format(*operands, T=t, **{k: literal(v) for k, v in node.attrs if is_number(v)})
             lines.append(f"const {t} v{m} = {expr};")
             names[m] = f"v{m}"
             if self.stored(m, kernel):
                 lines.append(f"{params.use(m)}[i] = v{m};")
-        return lines
+        return code_lines(lines)
 
     def loop_strides(self, members: list[int]) -> list[list[int]]:
         """Every stride vector a pointwise loop loads with (plus the contiguous one of its outputs)."""
@@ -250,7 +258,7 @@ class KernelGenerator:
 
     def window_context(self, k: Kernel, a, params: Params) -> dict:
         """The template context every backend's window kernel starts from: names and geometry."""
-        ctx = {"name": k.name, "comment": self.comment(k), "T": c_type(a.type.dtype), "op": a.op}
+        ctx = {"name": c_identifier(k.name), "comment": self.comment(k), "T": code(c_type(a.type.dtype)), "op": a.op}
         context = self.lowering(a.op).context
         assert context is not None, f"window op {a.op} has no geometry method"
         ctx.update(getattr(self, context)(k, a, params))
@@ -303,22 +311,15 @@ def gemm_offset(strides: list[int]) -> str:
     return " + ".join(terms) or "0"
 
 
-def literal(value) -> str:
-    """An attribute value as a C literal (NaN and infinities by their macros)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float):
-        if value != value:
-            return "NAN"
-        if value in (float("inf"), float("-inf")):
-            return "INFINITY" if value > 0 else "-INFINITY"
-        return repr(value)
-    return str(value)
+def literal(value) -> CodeText:
+    """A numeric attribute as a C literal in canonical form (NaN and infinities by their macros);
+    a number's own `__repr__` never runs (sanitise.c_literal)."""
+    return c_literal(value)
 
 
-def describe_binding(b: tuple) -> str:
-    """A pointer-table entry in words, for the generated source's comments."""
-    return "the arena" if b[0] == "arena" else f"{b[0]} {b[1]!r}"
+def describe_binding(b: tuple) -> CodeText:
+    """A pointer-table entry in words, for the generated source's comments (a variable's name sanitised)."""
+    return code("the arena") if b[0] == "arena" else code_format("{} {}", code(b[0]), repr(b[1]))
 
 
 @dataclass(frozen=True)

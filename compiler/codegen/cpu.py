@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from flowc.compiler.codegen.common import (KernelGenerator, Lowering, Params, coalesce, describe_binding,
                                            gemm_offset, matmul_geometry, reduction_extents, term)
+from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
@@ -71,15 +72,15 @@ class CppGenerator(KernelGenerator):
         self.bindings: list[tuple] = [("arena",)]
 
     # -- buffers ----------------------------------------------------------------------
-    def pointer(self, node_id: int) -> str:
+    def pointer(self, node_id: int) -> CodeText:
         buf = self.memory.storage[node_id]
         t = c_type(self.graph.node(node_id).type.dtype)
         if buf.kind == "arena":
-            return f"reinterpret_cast<{t}*>(arena + {buf.key})"
+            return code(f"reinterpret_cast<{t}*>(arena + {buf.key})")
         binding = (buf.kind, buf.key)
         if binding not in self.bindings:
             self.bindings.append(binding)
-        return f"static_cast<{t}*>(ptrs[{self.bindings.index(binding)}])"
+        return code(f"static_cast<{t}*>(ptrs[{self.bindings.index(binding)}])")
 
     argument = pointer      # a kernel call passes the C pointer expression of each buffer
 
@@ -91,13 +92,13 @@ class CppGenerator(KernelGenerator):
             params = Params(self, writes)
             source, returns_error = getattr(self, self.KIND_METHODS[k.kind])(k, params)
             kernels.append(source)
-            args = ", ".join(params.arguments())
+            args, name = ", ".join(params.arguments()), c_identifier(k.name)
             if returns_error:
-                code = len(self.error_nodes) + 1
-                self.error_nodes[code] = k.anchor_id
-                calls.append(f"if (int e = {k.name}({args}, {code})) err = e;")
+                error = len(self.error_nodes) + 1
+                self.error_nodes[error] = k.anchor_id
+                calls.append(code(f"if (int e = {name}({args}, {error})) err = e;"))
             else:
-                calls.append(f"{k.name}({args});")
+                calls.append(code(f"{name}({args});"))
         copy_backs = [{"dst": self.pointer_for_variable(var, node), "src": self.pointer(node),
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
         uses_conv = any(k.kind == "window" and self.graph.node(k.anchor_id).op.startswith("conv2d")
@@ -119,18 +120,18 @@ class CppGenerator(KernelGenerator):
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes),
                              [k.name for k in self.kernels] if self.profile else [], parts)
 
-    def pointer_for_variable(self, var: str, node: int) -> str:
+    def pointer_for_variable(self, var: str, node: int) -> CodeText:
         t = c_type(self.graph.node(node).type.dtype)
         binding = ("variable", var)
         if binding not in self.bindings:
             self.bindings.append(binding)
-        return f"static_cast<{t}*>(ptrs[{self.bindings.index(binding)}])"
+        return code(f"static_cast<{t}*>(ptrs[{self.bindings.index(binding)}])")
 
     def _kernel_pointwise(self, k: Kernel, params: Params):
         loops = [self._loop_context(k, loop, params) for loop in k.loops]
         parallel = any(lp["parallel"] for lp in loops)
         return _env.get_template("pointwise.cpp.j2").render(
-            name=k.name, comment=self.comment(k), params=params.declarations(), loops=loops,
+            name=c_identifier(k.name), comment=self.comment(k), params=params.declarations(), loops=loops,
             parallel=parallel), False
 
     def _loop_context(self, k: Kernel, members: list[int], params: Params) -> dict:
@@ -164,8 +165,8 @@ class CppGenerator(KernelGenerator):
         inner = dims[-1] if dims else 1
         outer = size // inner if inner else 0
         return {"shape": list(shape), "rank": len(dims), "inner": inner, "outer": outer,
-                "parallel": size >= PARALLEL_MIN_ELEMENTS, "row_setup": row_setup, "body": body,
-                "ops": ", ".join(self.graph.node(m).op for m in members)}
+                "parallel": size >= PARALLEL_MIN_ELEMENTS, "row_setup": code_lines(row_setup), "body": body,
+                "ops": code(", ".join(self.graph.node(m).op for m in members))}
 
     def _kernel_matmul(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor_id)
@@ -175,9 +176,9 @@ class CppGenerator(KernelGenerator):
         epilogue = []
         if k.members:
             epilogue = self.pointwise_lines(k, k.members, params, gemm_offset, anchor_value="acc")
-        ctx = dict(name=k.name, comment=self.comment(k), T=c_type(a.type.dtype),
+        ctx = dict(name=c_identifier(k.name), comment=self.comment(k), T=code(c_type(a.type.dtype)),
                    M=g.M, N=g.N, K=g.K, batch=g.batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
-                   lda=g.lda, ldb=g.ldb, ta="true" if ta else "false", tb="true" if tb else "false",
+                   lda=g.lda, ldb=g.ldb, ta=code("true" if ta else "false"), tb=code("true" if tb else "false"),
                    epilogue=epilogue)
         return _env.get_template("matmul.cpp.j2").render(params=params.declarations(), **ctx), False
 
@@ -187,14 +188,14 @@ class CppGenerator(KernelGenerator):
         outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
         rule = OPS[a.op]
         assert rule.c_init is not None and rule.c_expr is not None, a.op   # every reduction rule has both
-        t = c_type(a.type.dtype)
+        t = code(c_type(a.type.dtype))
         epilogue = []
         if k.members:
             epilogue = self.pointwise_lines(k, k.members, params,
                                             lambda s: "i" if any(s) else "0", anchor_value="acc")
-        ctx = dict(name=k.name, comment=self.comment(k), T=t, outer=outer, reduced=reduced,
+        ctx = dict(name=c_identifier(k.name), comment=self.comment(k), T=t, outer=outer, reduced=reduced,
                    inner=inner, block=REDUCTION_BLOCK, X=params.use(x.id), OUT=params.use(a.id),
-                   init=rule.c_init.format(T=t), combine=rule.c_expr.format("acc", "x"),
+                   init=code(rule.c_init.format(T=t)), combine=code(rule.c_expr.format("acc", "x")),
                    parallel=outer * reduced * inner >= PARALLEL_MIN_ELEMENTS, epilogue=epilogue)
         return _env.get_template("reduction.cpp.j2").render(params=params.declarations(), **ctx), False
 
@@ -208,7 +209,7 @@ class CppGenerator(KernelGenerator):
         cols = x.type.shape[-1]
         rows = x.type.size // cols
         text = _env.get_template(self.lowering(a.op).template).render(
-            name=k.name, comment=self.comment(k), T=c_type(x.type.dtype), rows=rows, cols=cols,
+            name=c_identifier(k.name), comment=self.comment(k), T=code(c_type(x.type.dtype)), rows=rows, cols=cols,
             parallel=x.type.size >= PARALLEL_MIN_ELEMENTS)
         params.use(x.id)
         params.use(a.id)
@@ -237,26 +238,32 @@ class CppGenerator(KernelGenerator):
         for n in [logits.id, labels.id] + ([loss.id] if loss else []) + ([grad.inputs[2], grad.id] if grad else []):
             params.use(n)
         text = _env.get_template(self.lowering(main.op).template).render(
-            name=k.name, comment=self.comment(k), T=c_type(logits.type.dtype), L=c_type(labels.type.dtype),
+            name=c_identifier(k.name), comment=self.comment(k), T=code(c_type(logits.type.dtype)),
+            L=code(c_type(labels.type.dtype)),
             rows=rows, cols=cols, loss=loss is not None, grad=grad is not None,
             parallel=logits.type.size >= PARALLEL_MIN_ELEMENTS)
         return text, True   # it reports out-of-range labels
 
 
 def _split_for_compilers(kernels: list[str], parts: int) -> list[list[int]]:
-    """Kernel indices in `parts` groups of about equal source length (the proxy for compile time)."""
+    """Kernel indices in `parts` groups of about equal code length (the proxy for compile time).
+
+    Comment lines do not count: they cost the compiler nothing, and a user's long file or job name
+    in them must not change how the step is split.
+    """
     if parts < 2 or len(kernels) < MIN_KERNELS_TO_SPLIT:
         return [list(range(len(kernels)))]
+    sizes_of = [sum(len(line) for line in k.splitlines() if not line.lstrip().startswith("//")) for k in kernels]
     groups: list[list[int]] = [[] for _ in range(parts)]
     sizes = [0] * parts
-    for i in sorted(range(len(kernels)), key=lambda i: -len(kernels[i])):
+    for i in sorted(range(len(kernels)), key=lambda i: -sizes_of[i]):
         g = sizes.index(min(sizes))
         groups[g].append(i)
-        sizes[g] += len(kernels[i])
+        sizes[g] += sizes_of[i]
     return [sorted(g) for g in groups if g]
 
 
-def _prototype(kernel_source: str) -> str:
+def _prototype(kernel_source: str) -> CodeText:
     """`void name(params)` of a rendered kernel, whose definition begins `FLOWC_KERNEL void name(...) {`."""
     start = kernel_source.index("FLOWC_KERNEL ") + len("FLOWC_KERNEL ")
-    return kernel_source[start:kernel_source.index(") {", start) + 1]
+    return code(kernel_source[start:kernel_source.index(") {", start) + 1])

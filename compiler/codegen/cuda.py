@@ -27,6 +27,7 @@ import numpy as np
 
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, matmul_geometry, reduction_extents, term)
+from flowc.compiler.codegen.sanitise import c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
 from flowc.compiler.ir import Graph, c_type
@@ -155,7 +156,7 @@ class CudaGenerator(KernelGenerator):
 
     def _template(self, template: str, /, **ctx) -> str:
         self.templates.append(template)
-        ctx.setdefault("I", self.I)
+        ctx.setdefault("I", code(self.I))
         return _env.get_template(template).render(**ctx)
 
     def _index_type(self, largest: int) -> str:
@@ -193,7 +194,8 @@ class CudaGenerator(KernelGenerator):
             lp = self._loop(k, members, params, begin)
             loops.append(lp)
             begin = lp["end"]
-        text = self._template("pointwise.cu.j2", name=k.name, comment=self.comment(k), I=self._index_type(begin),
+        text = self._template("pointwise.cu.j2", name=c_identifier(k.name), comment=self.comment(k),
+                              I=code(self._index_type(begin)),
                               params=params.declarations(), loops=loops, total=begin, block=BLOCK)
         return text, [Launch(k.name, _grid_1d(begin), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
@@ -218,24 +220,24 @@ class CudaGenerator(KernelGenerator):
                 s = merged[tuple(strides)]
                 return " + ".join(t for t in (term(f"d{d}", s[d]) for d in range(len(dims))) if t != "0") or "0"
         body = self.pointwise_lines(k, members, params, offset)
-        return {"begin": begin, "end": begin + size, "shape": list(shape), "index": index, "body": body,
-                "ops": ", ".join(self.graph.node(m).op for m in members)}
+        return {"begin": begin, "end": begin + size, "shape": list(shape), "index": code_lines(index), "body": body,
+                "ops": code(", ".join(self.graph.node(m).op for m in members))}
 
     # -- reductions ---------------------------------------------------------------------------
     def _reduction(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor_id)
         x = self.graph.node(a.inputs[0])
         outer, reduced, inner = reduction_extents(x.type.shape, a.attr("axes"))
-        rule, t = OPS[a.op], c_type(a.type.dtype)
+        rule, t = OPS[a.op], code(c_type(a.type.dtype))
         assert rule.c_init is not None and rule.c_expr is not None, a.op   # every reduction rule has both
         epilogue = self.pointwise_lines(k, k.members, params, lambda s: "i" if any(s) else "0",
                                         anchor_value="acc") if k.members else []
         # inner == 1: one block per output, its threads along the row; else one thread per output.
         block = _pow2_block(reduced) if inner == 1 else BLOCK
         grid = (max(1, min(outer, MAX_GRID)), 1, 1) if inner == 1 else _grid_1d(outer * inner)
-        text = self._template("reduction.cu.j2", name=k.name, comment=self.comment(k), T=t, outer=outer,
-                              reduced=reduced, inner=inner, X=params.use(x.id), OUT=params.use(a.id),
-                              init=rule.c_init.format(T=t), combine=rule.c_expr.format("acc", "x"),
+        text = self._template("reduction.cu.j2", name=c_identifier(k.name), comment=self.comment(k), T=t,
+                              outer=outer, reduced=reduced, inner=inner, X=params.use(x.id), OUT=params.use(a.id),
+                              init=code(rule.c_init.format(T=t)), combine=code(rule.c_expr.format("acc", "x")),
                               epilogue=epilogue, block=block, params=params.declarations())
         return text, [Launch(k.name, grid, (block, 1, 1), 0, tuple(params.arguments()))]
 
@@ -244,8 +246,8 @@ class CudaGenerator(KernelGenerator):
         """The tile function (flowc_cuda_gemm.h) and its block size for this dtype."""
         flags = f"{str(a_k_fast).lower()}, {str(b_n_fast).lower()}"
         if self.tensor_cores and dtype == "float32":
-            return f"flowc::gemm_tile_tf32<{flags}>", TF32_THREADS
-        return f"flowc::gemm_tile<{c_type(dtype)}, {flags}>", GEMM_THREADS
+            return code(f"flowc::gemm_tile_tf32<{flags}>"), TF32_THREADS
+        return code(f"flowc::gemm_tile<{c_type(dtype)}, {flags}>"), GEMM_THREADS
 
     def _matmul(self, k: Kernel, params: Params):
         a = self.graph.node(k.anchor_id)
@@ -257,10 +259,11 @@ class CudaGenerator(KernelGenerator):
         lda, ldb = g.lda, g.ldb
         tile, threads = self._tile(a.type.dtype, not ta, not tb)
         epilogue = self.pointwise_lines(k, k.members, params, gemm_offset, anchor_value="acc") if k.members else []
-        text = self._template("matmul.cu.j2", name=k.name, comment=self.comment(k), T=c_type(a.type.dtype),
+        text = self._template("matmul.cu.j2", name=c_identifier(k.name), comment=self.comment(k),
+                              T=code(c_type(a.type.dtype)),
                               M=M, N=N, K=K, batch=batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
-                              a_index=f"({self.I})k * {lda} + m" if ta else f"({self.I})m * {lda} + k",
-                              b_index=f"({self.I})n * {ldb} + k" if tb else f"({self.I})k * {ldb} + n",
+                              a_index=code(f"({self.I})k * {lda} + m" if ta else f"({self.I})m * {lda} + k"),
+                              b_index=code(f"({self.I})n * {ldb} + k" if tb else f"({self.I})k * {ldb} + n"),
                               tile=tile, threads=threads, epilogue=epilogue, params=params.declarations())
         grid = (_ceil_div(N, GEMM_TILE), _ceil_div(M, GEMM_TILE), batch)
         self._check_grid(a, grid)
@@ -280,8 +283,8 @@ class CudaGenerator(KernelGenerator):
         x = self.graph.node(a.inputs[0])
         cols = x.type.shape[-1]
         rows = x.type.size // cols
-        text = self._template(self.lowering(a.op).template, name=k.name, comment=self.comment(k),
-                              T=c_type(x.type.dtype), rows=rows, cols=cols, X=params.use(x.id),
+        text = self._template(self.lowering(a.op).template, name=c_identifier(k.name), comment=self.comment(k),
+                              T=code(c_type(x.type.dtype)), rows=rows, cols=cols, X=params.use(x.id),
                               OUT=params.use(a.id), params=params.declarations(), block=BLOCK,
                               rows_per_block=ROWS_PER_BLOCK)
         return text, [Launch(k.name, self._row_grid(rows), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
@@ -304,12 +307,13 @@ class CudaGenerator(KernelGenerator):
         cols = logits.type.shape[-1]
         rows = logits.type.size // cols
         names = {"X": params.use(logits.id), "LABELS": params.use(labels.id),
-                 "LOSS": params.use(loss.id) if loss else "",
-                 "DY": params.use(grad.inputs[2]) if grad else "", "DX": params.use(grad.id) if grad else ""}
-        code = self._error_code(k)
-        text = self._template(self.lowering(main.op).template, name=k.name, comment=self.comment(k),
-                              T=c_type(logits.type.dtype), rows=rows, cols=cols, loss=loss is not None,
-                              grad=grad is not None, code=code, params=params.declarations(), block=BLOCK,
+                 "LOSS": params.use(loss.id) if loss else code(""),
+                 "DY": params.use(grad.inputs[2]) if grad else code(""),
+                 "DX": params.use(grad.id) if grad else code("")}
+        status_code = self._error_code(k)
+        text = self._template(self.lowering(main.op).template, name=c_identifier(k.name), comment=self.comment(k),
+                              T=code(c_type(logits.type.dtype)), rows=rows, cols=cols, loss=loss is not None,
+                              grad=grad is not None, code=status_code, params=params.declarations(), block=BLOCK,
                               rows_per_block=ROWS_PER_BLOCK, **names)
         args = tuple(params.arguments()) + (("status",),)
         return text, [Launch(k.name, self._row_grid(rows), (BLOCK, 1, 1), 0, args)]
@@ -348,7 +352,7 @@ class CudaGenerator(KernelGenerator):
         tile, threads = self._tile(a.type.dtype, True, False)
         text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, splits=splits, chunk=chunk,
                               R=reduce_len, block=BLOCK, params=params.declarations(),
-                              I=self._index_type(splits * ctx["F"] * ctx["K"]), **ctx)
+                              I=code(self._index_type(splits * ctx["F"] * ctx["K"])), **ctx)
         grid = (_ceil_div(ctx["K"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["groups"] * splits)
         self._check_grid(a, grid)
         args = tuple(params.arguments())
@@ -360,15 +364,15 @@ class CudaGenerator(KernelGenerator):
                              (self.binding(a.id), scratch))]
 
     def _pool2d(self, k: Kernel, a, params: Params, ctx: dict):
-        names = {"X": f"b{a.inputs[0]}", "OUT": f"b{a.id}"}
+        names = {"X": code(f"b{a.inputs[0]}"), "OUT": code(f"b{a.id}")}
         total = ctx["planes"] * ctx["OH"] * ctx["OW"]
         text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, params=params.declarations(),
                               **names, **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
     def _pool2d_grad(self, k: Kernel, a, params: Params, ctx: dict):
-        names = {"X": f"b{a.inputs[0]}" if a.op == "max_pool2d_grad" else "",
-                 "DY": f"b{a.inputs[-1]}", "DX": f"b{a.id}"}
+        names = {"X": code(f"b{a.inputs[0]}" if a.op == "max_pool2d_grad" else ""),
+                 "DY": code(f"b{a.inputs[-1]}"), "DX": code(f"b{a.id}")}
         total = ctx["planes"] * ctx["H"] * ctx["W"]
         text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, params=params.declarations(),
                               **names, **ctx)
@@ -385,8 +389,8 @@ class CudaGenerator(KernelGenerator):
 
     def _slice_axis(self, k: Kernel, a, params: Params, ctx: dict):
         total = ctx["outer"] * ctx["out_block"]
-        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=f"b{a.inputs[0]}",
-                              OUT=f"b{a.id}", params=params.declarations(), **ctx)
+        text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=code(f"b{a.inputs[0]}"),
+                              OUT=code(f"b{a.id}"), params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jinja2
 
+from flowc.compiler.codegen.sanitise import CodegenEnvironment, TaggedLoader
 from flowc.compiler.resources import template_folder
 
 
@@ -24,7 +25,7 @@ class _LazyFolderBytecodeCache(jinja2.FileSystemBytecodeCache):
 def environment(backend: str) -> jinja2.Environment:
     """The environment for `codegen_templates/<backend>/` ("cpu" or "cuda")."""
     from flowc.compiler.core_library import core_dir
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_folder(backend))),
+    return CodegenEnvironment(loader=TaggedLoader(str(template_folder(backend))),
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                               keep_trailing_newline=False,
                               bytecode_cache=_LazyFolderBytecodeCache(str(core_dir() / "templates")))
