@@ -5,6 +5,7 @@ All three rebuild the graph with `rebuild`, which re-adds each kept node through
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -60,6 +61,20 @@ def _uniform_value(builder: GraphBuilder, node_id: int):
     return n.attr("value") if n.op == "constant" else None
 
 
+def _is_additive_identity(value: object, op: str, dtype: str) -> bool:
+    """Whether adding (op "add") or subtracting (op "subtract") `value` leaves every x of `dtype` as it is.
+
+    Any zero does for integers; only a zero of the right sign does for floats: -0.0 + +0.0 is +0.0, so `x + 0.0` is not `x`
+    when x is -0.0, while `x + (-0.0)` and `x - 0.0` are `x` for every x, NaN and -0.0 included.
+    """
+    if value is None or value != 0:
+        return False
+    if not dtype.startswith("float"):
+        return True
+    negative_zero = math.copysign(1.0, float(value)) < 0
+    return negative_zero if op == "add" else not negative_zero
+
+
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate pointwise ops on uniform constants; drop identities (x*1, x+0, same-shape views)."""
     def rewrite(builder: GraphBuilder, n: Node, inputs: tuple[int, ...]) -> int | None:
@@ -81,9 +96,9 @@ def fold_constants(graph: Graph) -> Graph:
             return inputs[0]
         if n.op == "multiply" and values[0] == 1 and same_shape[1]:
             return inputs[1]
-        if n.op in ("add", "subtract") and values[1] == 0 and same_shape[0]:
+        if n.op in ("add", "subtract") and _is_additive_identity(values[1], n.op, n.type.dtype) and same_shape[0]:
             return inputs[0]
-        if n.op == "add" and values[0] == 0 and same_shape[1]:
+        if n.op == "add" and _is_additive_identity(values[0], n.op, n.type.dtype) and same_shape[1]:
             return inputs[1]
         return None
     return rebuild(graph, rewrite)
