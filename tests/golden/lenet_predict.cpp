@@ -52,7 +52,7 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float acc = c[jj];
           const float l0 = b5[i1];
           const float v6 = (acc + l0);
-          const float v7 = (v6 > (float)0 ? v6 : (float)0);
+          const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
       });
@@ -75,7 +75,7 @@ FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTR
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
-            best = std::max(best, xp[ih * 28 + iw]);
+            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 14 + ow] = best;
@@ -105,7 +105,7 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float acc = c[jj];
           const float l0 = b12[i1];
           const float v13 = (acc + l0);
-          const float v14 = (v13 > (float)0 ? v13 : (float)0);
+          const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
       });
@@ -128,7 +128,7 @@ FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_REST
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
-            best = std::max(best, xp[ih * 14 + iw]);
+            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 7 + ow] = best;
@@ -148,7 +148,7 @@ FLOWC_KERNEL void matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLO
       const float acc = c[jj];
       const float l0 = b19[i1];
       const float v20 = (acc + l0);
-      const float v21 = (v20 > (float)0 ? v20 : (float)0);
+      const float v21 = flowc::maximum(v20, (float)0);
       b21[i] = v21;
     }
   });

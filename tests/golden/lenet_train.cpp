@@ -55,7 +55,7 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float acc = c[jj];
           const float l0 = b5[i1];
           const float v6 = (acc + l0);
-          const float v7 = (v6 > (float)0 ? v6 : (float)0);
+          const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
       });
@@ -78,7 +78,7 @@ FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTR
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
-            best = std::max(best, xp[ih * 28 + iw]);
+            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 14 + ow] = best;
@@ -108,7 +108,7 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float acc = c[jj];
           const float l0 = b12[i1];
           const float v13 = (acc + l0);
-          const float v14 = (v13 > (float)0 ? v13 : (float)0);
+          const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
       });
@@ -131,7 +131,7 @@ FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_REST
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
-            best = std::max(best, xp[ih * 14 + iw]);
+            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 7 + ow] = best;
@@ -151,7 +151,7 @@ FLOWC_KERNEL void matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLO
       const float acc = c[jj];
       const float l0 = b19[i1];
       const float v20 = (acc + l0);
-      const float v21 = (v20 > (float)0 ? v20 : (float)0);
+      const float v21 = flowc::maximum(v20, (float)0);
       b21[i] = v21;
     }
   });
@@ -218,14 +218,14 @@ FLOWC_KERNEL int softmax_xent_fwd_bwd_29(const float* FLOWC_RESTRICT x, const in
     const int64_t label = (int64_t)labels[r];
     if (label < 0 || label >= 10) { bad = 1; continue; }
     float m = xr[0];
-    for (int64_t c = 1; c < 10; ++c) m = std::max(m, xr[c]);
+    for (int64_t c = 1; c < 10; ++c) m = flowc::maximum(m, xr[c]);   // a NaN propagates, as in np.max
     float sum = 0;
     for (int64_t c = 0; c < 10; ++c) sum += std::exp(xr[c] - m);
     loss[r] = std::log(sum) + m - xr[label];
-    const float scale = dy[r] / sum;
+    const float inv = (float)1 / sum, g = dy[r];
     float* dxr = dx + r * 10;
-    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * scale;
-    dxr[label] -= dy[r];
+    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * inv * g;
+    dxr[label] = (std::exp(xr[label] - m) * inv - (float)1) * g;
   }
   return bad ? code : 0;
 }
@@ -243,7 +243,7 @@ FLOWC_KERNEL void matmul_33_multiply_relu_grad(const float* FLOWC_RESTRICT b23, 
       const float l0 = b23[i0 * 512 + i1];
       const float v35 = (acc * l0);
       const float l1 = b21[i0 * 512 + i1];
-      const float v36 = (l1 > (float)0 ? v35 : (float)0);
+      const float v36 = (l1 > (float)0 ? v35 : l1 <= (float)0 ? (float)0 : l1);
       b36[i] = v36;
     }
   });
@@ -275,7 +275,7 @@ FLOWC_KERNEL void max_pool2d_grad_41(const float* FLOWC_RESTRICT x, const float*
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
             const float v = xp[ih * 14 + iw];
-            if (best_at < 0 || v > best) { best = v; best_at = ih * 14 + iw; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 14 + iw; }
           }
         }
         if (best_at >= 0) dxp[best_at] += g;
@@ -291,7 +291,7 @@ FLOWC_KERNEL void loop_42(const float* FLOWC_RESTRICT b14, const float* FLOWC_RE
     const int64_t i = j;
     const float l0 = b14[j];
     const float l1 = b41[j];
-    const float v42 = (l0 > (float)0 ? l1 : (float)0);
+    const float v42 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
     b42[i] = v42;
   }
 }
@@ -300,7 +300,7 @@ FLOWC_KERNEL void loop_42(const float* FLOWC_RESTRICT b14, const float* FLOWC_RE
 FLOWC_KERNEL void reduce_sum_43(const float* FLOWC_RESTRICT b42, float* FLOWC_RESTRICT b43) {
 #pragma omp parallel for
   for (int64_t o = 0; o < 6400; ++o) {
-    float acc = (float)0;
+    float acc = (float)-0.0;
     const float* row = b42 + o * 196;
     for (int64_t k = 0; k < 196; ++k) {
       const float x = row[k];
@@ -321,7 +321,7 @@ FLOWC_KERNEL void reduce_sum_44(const float* FLOWC_RESTRICT b43, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 64);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b43 + (o * 100 + k) * 64 + i_begin;
 #pragma omp simd
@@ -421,7 +421,7 @@ FLOWC_KERNEL void max_pool2d_grad_48(const float* FLOWC_RESTRICT x, const float*
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
             const float v = xp[ih * 28 + iw];
-            if (best_at < 0 || v > best) { best = v; best_at = ih * 28 + iw; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 28 + iw; }
           }
         }
         if (best_at >= 0) dxp[best_at] += g;
@@ -437,7 +437,7 @@ FLOWC_KERNEL void loop_49(const float* FLOWC_RESTRICT b7, const float* FLOWC_RES
     const int64_t i = j;
     const float l0 = b7[j];
     const float l1 = b48[j];
-    const float v49 = (l0 > (float)0 ? l1 : (float)0);
+    const float v49 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
     b49[i] = v49;
   }
 }
@@ -446,7 +446,7 @@ FLOWC_KERNEL void loop_49(const float* FLOWC_RESTRICT b7, const float* FLOWC_RES
 FLOWC_KERNEL void reduce_sum_50(const float* FLOWC_RESTRICT b49, float* FLOWC_RESTRICT b50) {
 #pragma omp parallel for
   for (int64_t o = 0; o < 3200; ++o) {
-    float acc = (float)0;
+    float acc = (float)-0.0;
     const float* row = b49 + o * 784;
     for (int64_t k = 0; k < 784; ++k) {
       const float x = row[k];
@@ -467,7 +467,7 @@ FLOWC_KERNEL void reduce_sum_51(const float* FLOWC_RESTRICT b50, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 32);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b50 + (o * 100 + k) * 32 + i_begin;
 #pragma omp simd
@@ -605,7 +605,7 @@ FLOWC_KERNEL void reduce_sum_37_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b36 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
@@ -656,7 +656,7 @@ FLOWC_KERNEL void reduce_sum_32_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b31 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd

@@ -33,7 +33,7 @@ FLOWC_KERNEL void matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC
       const float acc = c[jj];
       const float l0 = b5[i1];
       const float v6 = (acc + l0);
-      const float v7 = (v6 > (float)0 ? v6 : (float)0);
+      const float v7 = flowc::maximum(v6, (float)0);
       b7[i] = v7;
     }
   });

@@ -35,7 +35,7 @@ FLOWC_KERNEL void matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC
       const float acc = c[jj];
       const float l0 = b5[i1];
       const float v6 = (acc + l0);
-      const float v7 = (v6 > (float)0 ? v6 : (float)0);
+      const float v7 = flowc::maximum(v6, (float)0);
       b7[i] = v7;
     }
   });
@@ -77,14 +77,14 @@ FLOWC_KERNEL int softmax_xent_fwd_bwd_12(const float* FLOWC_RESTRICT x, const in
     const int64_t label = (int64_t)labels[r];
     if (label < 0 || label >= 10) { bad = 1; continue; }
     float m = xr[0];
-    for (int64_t c = 1; c < 10; ++c) m = std::max(m, xr[c]);
+    for (int64_t c = 1; c < 10; ++c) m = flowc::maximum(m, xr[c]);   // a NaN propagates, as in np.max
     float sum = 0;
     for (int64_t c = 0; c < 10; ++c) sum += std::exp(xr[c] - m);
     loss[r] = std::log(sum) + m - xr[label];
-    const float scale = dy[r] / sum;
+    const float inv = (float)1 / sum, g = dy[r];
     float* dxr = dx + r * 10;
-    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * scale;
-    dxr[label] -= dy[r];
+    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * inv * g;
+    dxr[label] = (std::exp(xr[label] - m) * inv - (float)1) * g;
   }
   return bad ? code : 0;
 }
@@ -100,7 +100,7 @@ FLOWC_KERNEL void matmul_16_relu_grad(const float* FLOWC_RESTRICT b7, float* FLO
       const int64_t i = i0 * 512 + i1;
       const float acc = c[jj];
       const float l0 = b7[i0 * 512 + i1];
-      const float v18 = (l0 > (float)0 ? acc : (float)0);
+      const float v18 = (l0 > (float)0 ? acc : l0 <= (float)0 ? (float)0 : l0);
       b18[i] = v18;
     }
   });
@@ -135,7 +135,7 @@ FLOWC_KERNEL void reduce_sum_19_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b18 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
@@ -186,7 +186,7 @@ FLOWC_KERNEL void reduce_sum_15_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b14 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd
