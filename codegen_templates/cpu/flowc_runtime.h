@@ -17,6 +17,15 @@ inline bool dropout_keep(uint64_t seed, uint64_t step, uint64_t i, uint32_t thre
   return (uint32_t)(z >> 32) >= threshold;
 }
 
+// Is a label outside [0, classes)?  The step checks its input labels with it before any kernel
+// runs, so a step that fails on one changes nothing.
+template <class L>
+inline bool any_out_of_range(const L* labels, int64_t n, int64_t classes) {
+  bool bad = false;
+  for (int64_t r = 0; r < n; ++r) bad |= (int64_t)labels[r] < 0 || (int64_t)labels[r] >= classes;
+  return bad;
+}
+
 // NaN-honest arithmetic, NumPy's semantics (the NumPy reference executor is the oracle; the same
 // helpers are in codegen_templates/cuda/flowc_cuda.h for the device).  Written with comparisons
 // only, so they stay exact without -ffast-math (which flowc never uses: it breaks `x != x`).

@@ -15,8 +15,9 @@
 //   ptrs[10] = variable 'dense2-weight'
 //   ptrs[11] = input 1
 //   ptrs[12] = scalar 'learning_rate:float32'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -679,9 +680,9 @@ FLOWC_KERNEL void reduce_sum_32_multiply_subtract(const float* FLOWC_RESTRICT b5
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
+  if (flowc::any_out_of_range(static_cast<int32_t*>(ptrs[11]), 100, 10)) return 1;
   conv2d_3_add_relu(static_cast<float*>(ptrs[1]), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 10035200));
   max_pool2d_8(reinterpret_cast<float*>(arena + 10035200), reinterpret_cast<float*>(arena + 0));
   conv2d_10_add_relu(reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 2508800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 20070400));
@@ -691,7 +692,7 @@ extern "C" int flowc_step(void* const* ptrs) {
   loop_24(reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 4172800));
   matmul_26_add(static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4381632), reinterpret_cast<float*>(arena + 4172800), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4377600));
   loop_30(reinterpret_cast<float*>(arena + 4377600));
-  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 4381632), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 4378048), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 4385664), 1)) err = e;
+  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 4381632), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 4378048), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 4385664), 1)) return e;
   matmul_33_multiply_relu_grad(reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 4385664), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4389696));
   matmul_38(reinterpret_cast<float*>(arena + 4594496), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4799296));
   max_pool2d_grad_41(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 25088000));
@@ -710,5 +711,5 @@ extern "C" int flowc_step(void* const* ptrs) {
   reduce_sum_37_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[6]), static_cast<float*>(ptrs[6]), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 0));
   matmul_34_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[10]), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 4172800), reinterpret_cast<float*>(arena + 0));
   reduce_sum_32_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[9]), static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }

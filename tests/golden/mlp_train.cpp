@@ -10,8 +10,9 @@
 //   ptrs[5] = variable 'output-weight'
 //   ptrs[6] = input 1
 //   ptrs[7] = scalar 'learning_rate:float32'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -209,17 +210,17 @@ FLOWC_KERNEL void reduce_sum_15_multiply_subtract(const float* FLOWC_RESTRICT b2
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
+  if (flowc::any_out_of_range(static_cast<int32_t*>(ptrs[6]), 100, 10)) return 1;
   matmul_4_add_relu(static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[2]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 0));
   matmul_9_add(static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 4032), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 0));
   loop_13(reinterpret_cast<float*>(arena + 0));
-  if (int e = softmax_xent_fwd_bwd_12(reinterpret_cast<float*>(arena + 4032), static_cast<int32_t*>(ptrs[6]), reinterpret_cast<float*>(arena + 448), reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 8064), 1)) err = e;
+  if (int e = softmax_xent_fwd_bwd_12(reinterpret_cast<float*>(arena + 4032), static_cast<int32_t*>(ptrs[6]), reinterpret_cast<float*>(arena + 448), reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 8064), 1)) return e;
   matmul_16_relu_grad(reinterpret_cast<float*>(arena + 204800), reinterpret_cast<float*>(arena + 614400), reinterpret_cast<float*>(arena + 8064), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 409600));
   matmul_20_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[3]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 614400), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 819200));
   reduce_sum_19_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[1]), static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 614400), reinterpret_cast<float*>(arena + 896));
   matmul_17_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[5]), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 8064), reinterpret_cast<float*>(arena + 204800), reinterpret_cast<float*>(arena + 12096));
   reduce_sum_15_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[4]), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 8064), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }
