@@ -161,6 +161,7 @@ class CudaLoadedStep(LoadedStep):
         generated = compiled.generated
         self.launches = generated.launches
         self.copies = generated.copies
+        self.label_checks = generated.label_checks
         self.assigned = list(self.graph.assigns)
         self.variables = DeviceVariables.of(session, self.device)
         with self.device.current():
@@ -243,6 +244,11 @@ class CudaLoadedStep(LoadedStep):
 
     def compute(self, slot: CudaSlot) -> list[np.ndarray]:
         """Run the step on `slot` and return copies of its outputs (waits for the GPU)."""
+        # Labels fed as inputs are checked on the host before anything is launched: a step that
+        # fails on one changes no variable (the kernels' own status covers computed labels).
+        for check in self.label_checks:
+            if check.fails(slot.inputs[check.input]):
+                self.raise_step_error(check.code)
         profiling = bool(self._profiled)
         with self.device.current():
             try:

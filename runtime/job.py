@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
-from flowc.compiler.errors import JobCallError
+from flowc.compiler.errors import JobCallError, StepError
 from flowc.compiler.ir import dtype_name, numpy_dtype
 from flowc.compiler.trace import refuse_job_call_while_tracing
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
@@ -223,9 +223,13 @@ class JobFunction:
         scalars = _runtime_scalars(self._traced, done)
         slot = self.register.acquire()
         layout = self._traced.layout
-        self._count_step(session, done + 1)         # a step that raises still counts
+        self._count_step(session, done + 1)
         if synchronous:
-            outputs = pipeline.run_now(self, slot, arrays, scalars)   # None: calls in flight
+            try:
+                outputs = pipeline.run_now(self, slot, arrays, scalars)   # None: calls in flight
+            except StepError:
+                self._uncount_failed_step(session, done)
+                raise
             if outputs is not None:
                 return rebuild_result(layout, outputs)
         try:
@@ -245,11 +249,22 @@ class JobFunction:
             return CallbackRegistrar(call)
         if self.old_api:
             return JobFuture(call, pipeline)
-        return call.value()
+        try:
+            return call.value()
+        except StepError:
+            self._uncount_failed_step(session, done)
+            raise
 
     def _count_step(self, session, steps: int) -> None:
         if self.job_type == "train":
             session.train_steps[self.name] = steps
+
+    def _uncount_failed_step(self, session, done: int) -> None:
+        """A step that failed (a label out of range) changed no variable, so it is no step: the count,
+        which drives the learning-rate schedule and Adam's bias correction, goes back -- unless later
+        steps were counted meanwhile (asynchronous calls), whose numbers are already fed."""
+        if session.train_steps.get(self.name) == done + 1:
+            self._count_step(session, done)
 
     def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
         names = [p.name for p in self.placeholders]

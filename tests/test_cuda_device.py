@@ -48,6 +48,21 @@ def test_every_op_and_its_gradient_on_the_gpu_equals_the_reference(name):
     assert_outputs_match(got, want)
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_op_on_the_gpu_equals_the_reference_on_special_values(name):
+    """NaN, infinities, signed zeros and denormals (tests/test_special_values.py) on the real device,
+    whose math library and flush-to-zero settings the emulator does not have."""
+    from flowc.runtime.devices import load_step
+    from tests.test_special_values import VARIANTS, case_seed, compare, plant, reference
+    fn, inputs = CASES[name]
+    graph, _, _ = trace_case(fn, inputs, True)
+    feeds = list(inputs) + cotangents(graph, len(inputs), np.random.default_rng(0))
+    step = load_step(compile_graph(graph, device="gpu"), Session())
+    for variant in VARIANTS:
+        planted = plant(feeds, variant, case_seed(name))
+        compare(name, variant, graph, step.run(planted), reference(graph, planted))
+
+
 @pytest.mark.parametrize("name", GEMM_CASES)
 def test_tf32_tensor_cores_stay_within_a_percent(name, monkeypatch):
     monkeypatch.setenv("FLOWC_TF32", "1")

@@ -1,13 +1,14 @@
 // flowc_cuda.h -- helpers every generated CUDA translation unit includes.
 //
 // The op table's C++ expressions (compiler/ops/*.py, `c_expr`) are shared with the CPU backend:
-// they call std::exp, std::numeric_limits<T>::lowest() (built with --expt-relaxed-constexpr)
-// and flowc::dropout_keep, which is defined here for the device with the same bits as
-// codegen_templates/cpu/flowc_runtime.h.
+// they call std::exp, std::numeric_limits<T>::infinity() (built with --expt-relaxed-constexpr)
+// and flowc::dropout_keep, maximum, minimum, beats, cast and divide, which are defined here for the
+// device with the same semantics (and the same bits) as codegen_templates/cpu/flowc_runtime.h.
 #pragma once
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #define FLOWC_RESTRICT __restrict__
 
@@ -22,6 +23,38 @@ __device__ __forceinline__ bool dropout_keep(uint64_t seed, uint64_t step, uint6
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   z ^= z >> 31;
   return (uint32_t)(z >> 32) >= threshold;
+}
+
+// NaN-honest arithmetic with NumPy's semantics, as in codegen_templates/cpu/flowc_runtime.h
+// (see there): comparisons only, exact without --use_fast_math (which flowc never uses).
+template <class T>
+__device__ __forceinline__ T maximum(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T>
+__device__ __forceinline__ T minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+template <class T>
+__device__ __forceinline__ bool beats(T v, T best) { return v > best || (v != v && best == best); }
+
+template <class To, class From>
+__device__ __forceinline__ To cast(From x) {
+  if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    constexpr From past_max = (From)2 * (From)(std::numeric_limits<To>::max() / 2 + 1);
+    constexpr From min = (From)std::numeric_limits<To>::min();
+    return x != x ? (To)0 : x >= past_max ? std::numeric_limits<To>::max()
+         : x < min ? std::numeric_limits<To>::min() : (To)x;
+  } else {
+    return (To)x;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T divide(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed_v<T>) {
+      if (b == -1) return (T)(0 - (std::make_unsigned_t<T>)a);
+    }
+  }
+  return a / b;
 }
 
 // __shfl_xor_sync has no overloads for 8/16-bit types: shuffle those as int.

@@ -50,6 +50,22 @@ class Lowering:
 
 
 @dataclass(frozen=True)
+class LabelCheck:
+    """Labels that a kernel checks and the step reads from an input: they are checked before the first
+    kernel runs (by the generated step on the CPU, by the runtime on the GPU), so a step that fails on
+    a label out of range has changed no variable (atomicity; the kernel's own check stays for labels
+    computed inside the step)."""
+    input: int          # the placeholder's index
+    node: int           # the labels' node
+    classes: int        # valid labels are [0, classes)
+    code: int           # the error code the step fails with (an entry of `error_nodes`)
+
+    def fails(self, labels: np.ndarray) -> bool:
+        """Is a label of `labels` (the fed input) out of range?"""
+        return bool(labels.size) and (int(labels.min()) < 0 or int(labels.max()) >= self.classes)
+
+
+@dataclass(frozen=True)
 class GenerateOptions:
     """What a build asks of a backend's generator beyond the program itself."""
     version: str = ""           # flowc's version, named in the generated source
@@ -103,6 +119,7 @@ class KernelGenerator:
         self.graph, self.kernels, self.memory, self.version = graph, kernels, memory, version
         self.profile = profile
         self.error_nodes: dict[int, int] = {}
+        self.label_checks: list[LabelCheck] = []
 
     @classmethod
     def from_program(cls, program, options: GenerateOptions) -> KernelGenerator:
@@ -129,6 +146,20 @@ class KernelGenerator:
 
     def argument(self, node_id: int):
         raise NotImplementedError
+
+    def error_code(self, k: Kernel) -> int:
+        """A new error code for kernel `k`, which checks the labels of its loss op (input 1).  Labels
+        fed as a step input are also checked before the first kernel (`label_checks`)."""
+        code = len(self.error_nodes) + 1
+        self.error_nodes[code] = k.anchor_id
+        anchor = self.graph.node(k.anchor_id)
+        logits, labels = anchor.inputs[:2]
+        buf = self.memory.storage.get(labels)
+        if buf is not None and buf.kind == "input":
+            assert isinstance(buf.key, int), buf      # an input's key is its placeholder index
+            classes = self.graph.node(logits).type.shape[-1]
+            self.label_checks.append(LabelCheck(buf.key, labels, classes, code))
+        return code
 
     def lowering(self, op: str) -> Lowering:
         return self.LOWERINGS[op]

@@ -11,8 +11,9 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from flowc.compiler.codegen.common import (KernelGenerator, Lowering, Params, coalesce, describe_binding,
-                                           gemm_offset, matmul_geometry, reduction_extents, term)
+from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
+                                           describe_binding, gemm_offset, matmul_geometry, reduction_extents,
+                                           term)
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
@@ -38,6 +39,7 @@ class GeneratedStep:
     source: str
     bindings: list[tuple]          # ptr slot -> ("arena",) | ("input", i) | ("variable", name) | ("scalar", name)
     error_nodes: dict[int, int]    # error code -> node id
+    label_checks: list[LabelCheck]  # labels checked before the first kernel (flowc_step does it)
     profiled_kernels: list[str]    # kernel names, in call order, when built with per-kernel timers
     # The same step as translation units that compile in parallel (the last one holds flowc_step);
     # empty when `source` is compiled whole.  `source` stays the one file users read.
@@ -94,16 +96,17 @@ class CppGenerator(KernelGenerator):
             kernels.append(source)
             args, name = ", ".join(params.arguments()), c_identifier(k.name)
             if returns_error:
-                error = len(self.error_nodes) + 1
-                self.error_nodes[error] = k.anchor_id
-                calls.append(code(f"if (int e = {name}({args}, {error})) err = e;"))
+                # Stop at the first error: no later kernel (an optimizer update) may run on its data.
+                calls.append(code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;"))
             else:
                 calls.append(code(f"{name}({args});"))
+        checks = [{"labels": self.pointer(c.node), "rows": self.graph.node(c.node).type.size,
+                   "classes": c.classes, "code": c.code} for c in self.label_checks]
         copy_backs = [{"dst": self.pointer_for_variable(var, node), "src": self.pointer(node),
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
         uses_conv = any(k.kind == "window" and self.graph.node(k.anchor_id).op.startswith("conv2d")
                         for k in self.kernels)
-        common = dict(version=self.version, job=self.graph.name, calls=calls, copy_backs=copy_backs,
+        common = dict(version=self.version, job=self.graph.name, checks=checks, calls=calls, copy_backs=copy_backs,
                       profile=self.profile,
                       uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),  # convs run on the GEMM
                       uses_conv=uses_conv, bindings=[describe_binding(b) for b in self.bindings])
@@ -117,7 +120,7 @@ class CppGenerator(KernelGenerator):
                                  prototypes=[_prototype(kernels[i]) for i in range(len(kernels)) if i not in last]
                                  if g is groups[-1] else [], **common)
                      for g in groups]
-        return GeneratedStep(source, list(self.bindings), dict(self.error_nodes),
+        return GeneratedStep(source, list(self.bindings), dict(self.error_nodes), list(self.label_checks),
                              [k.name for k in self.kernels] if self.profile else [], parts)
 
     def pointer_for_variable(self, var: str, node: int) -> CodeText:

@@ -25,8 +25,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, Lowering, Params, coalesce,
-                                           describe_binding, gemm_offset, matmul_geometry, reduction_extents, term)
+from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
+                                           coalesce, describe_binding, gemm_offset, matmul_geometry,
+                                           reduction_extents, term)
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
@@ -75,6 +76,7 @@ class GeneratedCudaStep:
     copies: list[DeviceCopy]
     bindings: list[tuple]            # ("arena",) then every other buffer the launches use, first use first
     error_nodes: dict[int, int]      # status code -> node id
+    label_checks: list[LabelCheck]   # input labels the runtime checks before the first launch
     profiled_kernels: list[str]      # launch names, in order, when built to be profiled
     scratch_bytes: int = 0           # one scratch buffer per job, shared by the kernels (they run in order)
     templates: list[str] = field(default_factory=list)   # the template of each kernel, in kernel order
@@ -149,11 +151,6 @@ class CudaGenerator(KernelGenerator):
 
     argument = binding      # a launch passes each buffer as its binding; the runtime resolves it
 
-    def _error_code(self, k: Kernel) -> int:
-        code = len(self.error_nodes) + 1
-        self.error_nodes[code] = k.anchor_id
-        return code
-
     def _template(self, template: str, /, **ctx) -> str:
         self.templates.append(template)
         ctx.setdefault("I", code(self.I))
@@ -183,7 +180,7 @@ class CudaGenerator(KernelGenerator):
             version=self.version, job=self.graph.name, kernels=sources, notes=self.notes,
             launches=launches, copies=copies, bindings=[describe_binding(b) for b in bindings],
             uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
-        return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes),
+        return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes), list(self.label_checks),
                                  [la.kernel for la in launches] if self.profile else [],
                                  self.scratch_bytes, list(self.templates), self.tensor_cores)
 
@@ -310,7 +307,7 @@ class CudaGenerator(KernelGenerator):
                  "LOSS": params.use(loss.id) if loss else code(""),
                  "DY": params.use(grad.inputs[2]) if grad else code(""),
                  "DX": params.use(grad.id) if grad else code("")}
-        status_code = self._error_code(k)
+        status_code = self.error_code(k)
         text = self._template(self.lowering(main.op).template, name=c_identifier(k.name), comment=self.comment(k),
                               T=code(c_type(logits.type.dtype)), rows=rows, cols=cols, loss=loss is not None,
                               grad=grad is not None, code=status_code, params=params.declarations(), block=BLOCK,

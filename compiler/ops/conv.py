@@ -190,8 +190,12 @@ def _scatter_windows(dx_shape, ksize, strides, pads, per_tap) -> np.ndarray:
 
 
 def max_pool_grad_reference(x, dy, ksize, strides, pads):
-    windows, _ = _pool_windows(x, ksize, strides, pads, -np.inf)
-    first_max = np.argmax(windows, axis=-1)       # ties: the first tap in row-major order, like the kernel
+    windows, real = _pool_windows(x, ksize, strides, pads, -np.inf)
+    # dy goes to the window's first NaN, else its first maximum (row-major, like the kernel), among
+    # the real taps: a window of -inf does not send it into the padding.
+    nan = np.isnan(windows) & real
+    is_max = real & (windows == np.max(windows, axis=-1, keepdims=True))
+    first_max = np.where(nan.any(axis=-1), np.argmax(nan, axis=-1), np.argmax(is_max, axis=-1))
     per_tap = np.zeros(windows.shape)
     np.put_along_axis(per_tap, first_max[..., None], dy[..., None].astype(np.float64), axis=-1)
     return _scatter_windows(x.shape, ksize, strides, pads, per_tap).astype(x.dtype)

@@ -3,6 +3,14 @@
 Binary ops broadcast like NumPy.  Every row's `c_expr` is the whole C++ lowering:
 fusion inlines these expressions into one loop, so no op needs a kernel of its own.
 Gradients are written in other ops; `GradEmitter.sum_to` undoes broadcasting.
+
+NaN, infinities, signed zeros and denormals follow the NumPy reference, and every row's C
+expression agrees with it on them (tests/test_special_values.py): `maximum`, `minimum` and `relu`
+propagate NaN as np.maximum does (flowc::maximum in codegen_templates/*/flowc_runtime.h and
+flowc_cuda.h); the gradients of relu and leaky_relu at a NaN input are NaN; `eq_mask` counts NaN as
+equal to NaN, so the gradient of a maximum that is NaN goes to the NaN it came from.  Where NumPy
+itself has no portable answer, flowc defines one and the reference implements it: a float cast to
+an integer saturates and NaN becomes 0 (what GPUs do), and an integer divided by 0 is 0.
 """
 from __future__ import annotations
 
@@ -164,7 +172,12 @@ def _transpose_grad(e, node, dy):
 def _divide_reference(a, b):
     if a.dtype.kind == "f":
         return a / b
-    return np.trunc(a / b).astype(a.dtype)   # C++ integer division truncates toward zero
+    # C++ integer division truncates toward zero; flowc::divide makes x / 0 == 0 and min / -1 == min.
+    safe = np.where(b == 0, np.ones_like(b), b)
+    with np.errstate(over="ignore"):
+        floor = np.floor_divide(a, safe)
+        rounded_down = (np.remainder(a, safe) != 0) & ((a < 0) != (safe < 0))
+        return np.where(b == 0, np.zeros_like(floor), floor + rounded_down.astype(a.dtype)).astype(a.dtype)
 
 
 # --- rows ------------------------------------------------------------------------
@@ -176,14 +189,13 @@ def _binary_row(name, expr, ref, grad):
 _binary_row("add", "({0} + {1})", np.add, _add_grad)
 _binary_row("subtract", "({0} - {1})", np.subtract, _sub_grad)
 _binary_row("multiply", "({0} * {1})", np.multiply, _mul_grad)
-_binary_row("divide", "({0} / {1})", _divide_reference,
-            _div_grad)
-_binary_row("maximum", "({0} >= {1} ? {0} : {1})", np.maximum, _extremum_grad)
-_binary_row("minimum", "({0} <= {1} ? {0} : {1})", np.minimum, _extremum_grad)
+_binary_row("divide", "flowc::divide({0}, {1})", _divide_reference, _div_grad)
+_binary_row("maximum", "flowc::maximum({0}, {1})", np.maximum, _extremum_grad)
+_binary_row("minimum", "flowc::minimum({0}, {1})", np.minimum, _extremum_grad)
 
 register(OpRule("negative", "pointwise", _unary_any, np.negative, _neg_grad, c_expr="(-{0})"))
 register(OpRule("relu", "pointwise", _unary_any, lambda x: np.maximum(x, x.dtype.type(0)), _relu_grad,
-                c_expr="({0} > ({T})0 ? {0} : ({T})0)"))
+                c_expr="flowc::maximum({0}, ({T})0)"))
 register(OpRule("sigmoid", "pointwise", _unary_float("sigmoid"),
                 lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype), _sigmoid_grad,
                 c_expr="(({T})1 / (({T})1 + std::exp(-{0})))"))
@@ -215,19 +227,29 @@ register(OpRule("gelu_grad", "pointwise", _same_shape("gelu_grad"), _gelu_grad_r
 register(OpRule("leaky_relu", "pointwise", _unary_float("leaky_relu"),
                 lambda x, alpha: np.where(x > 0, x, x * x.dtype.type(alpha)), _leaky_relu_grad,
                 c_expr="({0} > ({T})0 ? {0} : {0} * ({T}){alpha})"))
+# At a NaN input the slope is NaN (not 0 or alpha): a NaN stays visible in the gradients.
 register(OpRule("leaky_relu_grad", "pointwise", _same_shape("leaky_relu_grad"),
-                lambda x, dy, alpha: np.where(x > 0, dy, dy * dy.dtype.type(alpha)), None,
-                c_expr="({0} > ({T})0 ? {1} : {1} * ({T}){alpha})", differentiable=False))
+                lambda x, dy, alpha: np.where(x > 0, dy, np.where(x <= 0, dy * dy.dtype.type(alpha), x)), None,
+                c_expr="({0} > ({T})0 ? {1} : {0} <= ({T})0 ? {1} * ({T}){alpha} : {0})", differentiable=False))
 
-# relu_grad(y, dy): dy where the relu output is positive.  Written as one op (not
-# multiply by a mask) because it is the hottest backward op and one select is cheap.
+# relu_grad(y, dy): dy where the relu output is positive, NaN where it is NaN.  Written as one op
+# (not multiply by a mask) because it is the hottest backward op and one select is cheap.
 register(OpRule("relu_grad", "pointwise", _same_shape("relu_grad"),
-                lambda y, dy: np.where(y > 0, dy, dy.dtype.type(0)), None,
-                c_expr="({0} > ({T})0 ? {1} : ({T})0)", differentiable=False))
-# eq_mask(a, b): 1 where equal else 0, in the operands' dtype (reduce_max's gradient).
-register(OpRule("eq_mask", "pointwise", _binary("eq_mask"),
-                lambda a, b: (a == b).astype(a.dtype), None,
-                c_expr="({0} == {1} ? ({T})1 : ({T})0)", differentiable=False))
+                lambda y, dy: np.where(y > 0, dy, np.where(y <= 0, dy.dtype.type(0), y)), None,
+                c_expr="({0} > ({T})0 ? {1} : {0} <= ({T})0 ? ({T})0 : {0})", differentiable=False))
+
+
+def _eq_mask_reference(a, b):
+    same = a == b
+    if a.dtype.kind == "f":
+        same |= np.isnan(a) & np.isnan(b)
+    return same.astype(a.dtype)
+
+
+# eq_mask(a, b): 1 where equal (NaN equal to NaN) else 0, in the operands' dtype (the gradients of
+# maximum, minimum, reduce_max and reduce_min: which operand the extremum came from).
+register(OpRule("eq_mask", "pointwise", _binary("eq_mask"), _eq_mask_reference, None,
+                c_expr="(({0} == {1} || ({0} != {0} && {1} != {1})) ? ({T})1 : ({T})0)", differentiable=False))
 
 
 def _infer_constant(inputs: list, attrs: dict) -> TensorType:
@@ -278,8 +300,23 @@ def _infer_cast(inputs: list, attrs: dict) -> TensorType:
     return TensorType(x.shape, attrs["dtype"])
 
 
-register(OpRule("cast", "pointwise", _infer_cast, lambda x, dtype: x.astype(numpy_dtype(dtype)), _cast_grad,
-                c_expr="({T})({0})"))
+def _cast_reference(x, dtype):
+    to = numpy_dtype(dtype)
+    if x.dtype.kind != "f" or to.kind not in "iu":
+        with np.errstate(over="ignore"):
+            return x.astype(to)
+    # Saturating, NaN to 0, as flowc::cast (NumPy's own answer depends on the CPU).
+    info = np.iinfo(to)
+    past_max = x.dtype.type(2.0 * (info.max // 2 + 1))
+    low = x.dtype.type(info.min)
+    inside = (x < past_max) & (x >= low)
+    out = np.where(inside, x, 0).astype(to)
+    out[x >= past_max] = info.max
+    out[x < low] = info.min
+    return out
+
+
+register(OpRule("cast", "pointwise", _infer_cast, _cast_reference, _cast_grad, c_expr="flowc::cast<{T}>({0})"))
 
 
 def _infer_broadcast_to(inputs: list, attrs: dict) -> TensorType:

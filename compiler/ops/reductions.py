@@ -77,11 +77,24 @@ def _ref(fn):
     return lambda x, axes, keepdims: np.asarray(fn(x, axis=tuple(axes), keepdims=keepdims), dtype=x.dtype)
 
 
-register(OpRule("reduce_sum", "reduction", _infer("reduce_sum"), _ref(np.sum), _sum_grad,
-                c_expr="({0} + {1})", c_init="({T})0"))
+# -0.0, not +0.0, is the identity of IEEE addition: a sum of negative zeros is -0.0, as in NumPy.
+def _sum_reference(x, axes, keepdims):
+    # from -0.0 for floats, like the kernels, so an empty sum is -0.0 there too
+    initial = -0.0 if x.dtype.kind == "f" else 0
+    return np.asarray(np.sum(x, axis=tuple(axes), keepdims=keepdims, initial=initial), dtype=x.dtype)
+
+
+register(OpRule("reduce_sum", "reduction", _infer("reduce_sum"), _sum_reference, _sum_grad,
+                c_expr="({0} + {1})", c_init="({T})-0.0"))
+# np.max and np.min: NaN propagates (flowc::maximum/minimum, see compiler/ops/pointwise.py), and the
+# identity is an infinity (not lowest()/max(), which would be the result of a row of infinities).
 register(OpRule("reduce_max", "reduction", _infer("reduce_max"), _ref(np.max), _extremum_grad,
-                c_expr="({1} > {0} ? {1} : {0})", c_init="std::numeric_limits<{T}>::lowest()"))
+                c_expr="flowc::maximum({0}, {1})",
+                c_init="(std::numeric_limits<{T}>::has_infinity ? -std::numeric_limits<{T}>::infinity() "
+                       ": std::numeric_limits<{T}>::lowest())"))
 register(OpRule("reduce_min", "reduction", _infer("reduce_min"), _ref(np.min), _extremum_grad,
-                c_expr="({1} < {0} ? {1} : {0})", c_init="std::numeric_limits<{T}>::max()"))
+                c_expr="flowc::minimum({0}, {1})",
+                c_init="(std::numeric_limits<{T}>::has_infinity ? std::numeric_limits<{T}>::infinity() "
+                       ": std::numeric_limits<{T}>::max())"))
 register(OpRule("reduce_prod", "reduction", _infer("reduce_prod"), _ref(np.prod), _prod_grad,
                 c_expr="({0} * {1})", c_init="({T})1"))

@@ -64,8 +64,8 @@ def _uniform_value(builder: GraphBuilder, node_id: int):
 def _is_additive_identity(value: object, op: str, dtype: str) -> bool:
     """Whether adding (op "add") or subtracting (op "subtract") `value` leaves every x of `dtype` as it is.
 
-    Any zero does for integers; only a zero of the right sign does for floats: -0.0 + +0.0 is +0.0, so `x + 0.0` is not `x`
-    when x is -0.0, while `x + (-0.0)` and `x - 0.0` are `x` for every x, NaN and -0.0 included.
+    Any zero does for integers; only a zero of the right sign does for floats: -0.0 + +0.0 is +0.0,
+    so `x + 0.0` is not `x` when x is -0.0, while `x + (-0.0)` and `x - 0.0` are `x` for every x, NaN and -0.0 included.
     """
     if value is None or value != 0:
         return False

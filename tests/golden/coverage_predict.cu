@@ -39,11 +39,13 @@ extern "C" __global__ void __launch_bounds__(256) argmax_5(const float* FLOWC_RE
     float best = xr[0];
     int32_t at = 0;
     for (int c = lane; c < 5; c += 32)
-      if (xr[c] > best) { best = xr[c]; at = (int32_t)c; }
+      if (flowc::beats(xr[c], best)) { best = xr[c]; at = (int32_t)c; }
     for (int mask = 16; mask > 0; mask >>= 1) {
       const float other = flowc::shfl_xor(best, mask);
       const int32_t other_at = flowc::shfl_xor(at, mask);
-      if (other > best || (other == best && other_at < at)) { best = other; at = other_at; }
+      // the same order across lanes: a NaN beats a number; of two NaNs or two equal maxima, the first
+      const bool tie = other == best || (other != other && best != best);
+      if (flowc::beats(other, best) || (tie && other_at < at)) { best = other; at = other_at; }
     }
     if (lane == 0) b5[r] = at;
   }
@@ -61,8 +63,8 @@ extern "C" __global__ void __launch_bounds__(256) sparse_softmax_cross_entropy_6
       continue;
     }
     float m = xr[0];
-    for (int c = lane; c < 5; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 5; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 5; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
@@ -77,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256) loop_8(const float* FLOWC_REST
       // cast, add over [6]
       const int i = g;
       const float l0 = b6[i];
-      const int32_t v7 = (int32_t)(l0);
+      const int32_t v7 = flowc::cast<int32_t>(l0);
       const int32_t l1 = b5[i];
       const int32_t v8 = (l1 + v7);
       b8[i] = v8;

@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         b3[i] = acc;
         const float l0 = b5[i1];
         const float v6 = (acc + l0);
-        const float v7 = (v6 > (float)0 ? v6 : (float)0);
+        const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
 }
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_9(const float* FLOW
         const int iw = ow * 2 - 0 + j;
         if (iw < 0 || iw >= 8) continue;
         const float v = xp[ih * 8 + iw];
-        best = best < v ? v : best;
+        best = flowc::maximum(best, v);   // a NaN propagates
       }
     }
     b9[e] = best;
@@ -168,8 +168,8 @@ extern "C" __global__ void __launch_bounds__(256) sparse_softmax_cross_entropy_1
       continue;
     }
     float m = xr[0];
-    for (int c = lane; c < 5; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 5; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 5; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
@@ -185,8 +185,8 @@ extern "C" __global__ void __launch_bounds__(256) softmax_18(const float* FLOWC_
     const float* xr = b15 + r * 5;
     float* yr = b18 + r * 5;
     float m = xr[0];
-    for (int c = lane; c < 5; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 5; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 5; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
@@ -197,13 +197,13 @@ extern "C" __global__ void __launch_bounds__(256) softmax_18(const float* FLOWC_
 
 // reduce_max_19: %19 reduce_max @coverage_jobs.py:22
 extern "C" __global__ void __launch_bounds__(32) reduce_max_19(const float* FLOWC_RESTRICT b18, float* FLOWC_RESTRICT b19) {
-  const auto combine = [](const float acc, const float x) { return (x > acc ? x : acc); };
+  const auto combine = [](const float acc, const float x) { return flowc::maximum(acc, x); };
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 4; o += gridDim.x) {
     const float* row = b18 + (int)o * 5;
-    float acc = std::numeric_limits<float>::lowest();
+    float acc = (std::numeric_limits<float>::has_infinity ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::lowest());
     for (int k = threadIdx.x; k < 5; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, std::numeric_limits<float>::lowest(), combine);
+    acc = flowc::block_reduce<float>(acc, (std::numeric_limits<float>::has_infinity ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::lowest()), combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b19[i] = acc;
@@ -250,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(256) loop_24(const float* FLOWC_RES
       const float l0 = b22[d0];
       const float v23 = l0;
       const float l1 = b18[d0 * 5 + d1];
-      const float v24 = (l1 == v23 ? (float)1 : (float)0);
+      const float v24 = ((l1 == v23 || (l1 != l1 && v23 != v23)) ? (float)1 : (float)0);
       b24[i] = v24;
     }
   }
@@ -262,14 +262,14 @@ extern "C" __global__ void __launch_bounds__(32) reduce_sum_25_divide(const floa
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 4; o += gridDim.x) {
     const float* row = b24 + (int)o * 5;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = threadIdx.x; k < 5; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, (float)0, combine);
+    acc = flowc::block_reduce<float>(acc, (float)-0.0, combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b25[i] = acc;
       const float l0 = b26[i];
-      const float v27 = (l0 / acc);
+      const float v27 = flowc::divide(l0, acc);
       b27[i] = v27;
     }
   }
@@ -312,9 +312,9 @@ extern "C" __global__ void __launch_bounds__(32) reduce_sum_30(const float* FLOW
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 4; o += gridDim.x) {
     const float* row = b29 + (int)o * 5;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = threadIdx.x; k < 5; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, (float)0, combine);
+    acc = flowc::block_reduce<float>(acc, (float)-0.0, combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b30[i] = acc;
@@ -362,18 +362,18 @@ extern "C" __global__ void __launch_bounds__(256) sparse_softmax_cross_entropy_g
       continue;
     }
     float m = xr[0];
-    for (int c = lane; c < 5; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 5; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 5; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
     const float dy = b35[r];
-    const float scale = dy / sum;
+    const float inv = (float)1 / sum;
     float* dxr = b36 + r * 5;
     for (int c = lane; c < 5; c += 32) {
-      float v = std::exp(xr[c] - m) * scale;
-      if (c == label) v -= dy;
-      dxr[c] = v;
+      float p = std::exp(xr[c] - m) * inv;
+      if (c == label) p -= (float)1;
+      dxr[c] = p * dy;
     }
   }
 }
@@ -452,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_grad_44(const float
             const int ww = ow * 2 - 0 + j;
             if (ww < 0 || ww >= 8) continue;
             const float v = xp[wh * 8 + ww];
-            if (best_at < 0 || v > best) { best = v; best_at = wh * 8 + ww; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = wh * 8 + ww; }
           }
         }
         if (best_at == ih * 8 + iw) acc += g;
@@ -495,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(256) loop_47(const float* FLOWC_RES
       const float l1 = b45[i];
       const float v46 = (l0 + l1);
       const float l2 = b7[i];
-      const float v47 = (l2 > (float)0 ? v46 : (float)0);
+      const float v47 = (l2 > (float)0 ? v46 : l2 <= (float)0 ? (float)0 : l2);
       b47[i] = v47;
     }
   }
@@ -507,9 +507,9 @@ extern "C" __global__ void __launch_bounds__(64) reduce_sum_48(const float* FLOW
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 16; o += gridDim.x) {
     const float* row = b47 + (int)o * 64;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = threadIdx.x; k < 64; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, (float)0, combine);
+    acc = flowc::block_reduce<float>(acc, (float)-0.0, combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b48[i] = acc;
@@ -524,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_49(const float* FLO
   for (int t = (int)flowc::global_thread(); t < 4; t += (int)flowc::grid_threads()) {
     const int o = t / 4, ii = t % 4;
     const float* col = b48 + o * 16 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 4; ++k) acc = combine(acc, col[k * 4]);
     const int i = t;
     b49[i] = acc;
@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(256) optimizer_update(const float* 
       const float v68 = (v66 + l7);
       const float l8 = b52[0];
       const float v69 = (l8 * v59);
-      const float v70 = (v69 / v68);
+      const float v70 = flowc::divide(v69, v68);
       const float l9 = b2[i];
       const float v71 = (l9 - v70);
       b71[i] = v71;
@@ -670,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(256) optimizer_update(const float* 
       const float v82 = (v81 + l7);
       const float l8 = b52[0];
       const float v83 = (l8 * v76);
-      const float v84 = (v83 / v82);
+      const float v84 = flowc::divide(v83, v82);
       const float l9 = b4[i];
       const float v85 = (l9 - v84);
       b85[i] = v85;
@@ -711,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_40_multiply_add_sqrt_di
         const float v96 = (v95 + l6);
         const float l7 = b52[0];
         const float v97 = (l7 * v90);
-        const float v98 = (v97 / v96);
+        const float v98 = flowc::divide(v97, v96);
         const float l8 = b12[i0 * 128 + i1];
         const float v99 = (l8 - v98);
         b99[i] = v99;
@@ -725,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_38_multiply_add_sqr
   for (int t = (int)flowc::global_thread(); t < 5; t += (int)flowc::grid_threads()) {
     const int o = t / 5, ii = t % 5;
     const float* col = b37 + o * 20 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 4; ++k) acc = combine(acc, col[k * 5]);
     const int i = t;
     b38[i] = acc;
@@ -749,7 +749,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_38_multiply_add_sqr
     const float v110 = (v109 + l6);
     const float l7 = b52[0];
     const float v111 = (l7 * v104);
-    const float v112 = (v111 / v110);
+    const float v112 = flowc::divide(v111, v110);
     const float l8 = b14[i];
     const float v113 = (l8 - v112);
     b113[i] = v113;

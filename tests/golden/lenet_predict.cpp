@@ -12,8 +12,9 @@
 //   ptrs[7] = variable 'dense1-weight'
 //   ptrs[8] = variable 'dense2-bias'
 //   ptrs[9] = variable 'dense2-weight'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -52,7 +53,7 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float acc = c[jj];
           const float l0 = b5[i1];
           const float v6 = (acc + l0);
-          const float v7 = (v6 > (float)0 ? v6 : (float)0);
+          const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
       });
@@ -75,7 +76,7 @@ FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTR
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
-            best = std::max(best, xp[ih * 28 + iw]);
+            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 14 + ow] = best;
@@ -105,7 +106,7 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float acc = c[jj];
           const float l0 = b12[i1];
           const float v13 = (acc + l0);
-          const float v14 = (v13 > (float)0 ? v13 : (float)0);
+          const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
       });
@@ -128,7 +129,7 @@ FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_REST
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
-            best = std::max(best, xp[ih * 14 + iw]);
+            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 7 + ow] = best;
@@ -148,7 +149,7 @@ FLOWC_KERNEL void matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLO
       const float acc = c[jj];
       const float l0 = b19[i1];
       const float v20 = (acc + l0);
-      const float v21 = (v20 > (float)0 ? v20 : (float)0);
+      const float v21 = flowc::maximum(v20, (float)0);
       b21[i] = v21;
     }
   });
@@ -172,7 +173,6 @@ FLOWC_KERNEL void matmul_23_add(const float* FLOWC_RESTRICT b24, float* FLOWC_RE
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
   conv2d_3_add_relu(static_cast<float*>(ptrs[1]), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 10035200));
@@ -181,5 +181,5 @@ extern "C" int flowc_step(void* const* ptrs) {
   max_pool2d_15(reinterpret_cast<float*>(arena + 7526400), reinterpret_cast<float*>(arena + 0));
   matmul_18_add_relu(static_cast<float*>(ptrs[6]), reinterpret_cast<float*>(arena + 1459200), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 1254400));
   matmul_23_add(static_cast<float*>(ptrs[8]), reinterpret_cast<float*>(arena + 4032), reinterpret_cast<float*>(arena + 1459200), static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }

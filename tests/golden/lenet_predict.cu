@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         b3[i] = acc;
         const float l0 = b5[i1];
         const float v6 = (acc + l0);
-        const float v7 = (v6 > (float)0 ? v6 : (float)0);
+        const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
 }
@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_8(const float* FLOW
         const int iw = ow * 2 - 0 + j;
         if (iw < 0 || iw >= 28) continue;
         const float v = xp[ih * 28 + iw];
-        best = best < v ? v : best;
+        best = flowc::maximum(best, v);   // a NaN propagates
       }
     }
     b8[e] = best;
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float
         b10[i] = acc;
         const float l0 = b12[i1];
         const float v13 = (acc + l0);
-        const float v14 = (v13 > (float)0 ? v13 : (float)0);
+        const float v14 = flowc::maximum(v13, (float)0);
         b14[i] = v14;
       });
 }
@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_15(const float* FLO
         const int iw = ow * 2 - 0 + j;
         if (iw < 0 || iw >= 14) continue;
         const float v = xp[ih * 14 + iw];
-        best = best < v ? v : best;
+        best = flowc::maximum(best, v);   // a NaN propagates
       }
     }
     b15[e] = best;
@@ -127,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu(const float
         c_[i] = acc;
         const float l0 = b19[i1];
         const float v20 = (acc + l0);
-        const float v21 = (v20 > (float)0 ? v20 : (float)0);
+        const float v21 = flowc::maximum(v20, (float)0);
         b21[i] = v21;
       });
 }

@@ -15,8 +15,9 @@
 //   ptrs[10] = variable 'dense2-weight'
 //   ptrs[11] = input 1
 //   ptrs[12] = scalar 'learning_rate:float32'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -55,7 +56,7 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float acc = c[jj];
           const float l0 = b5[i1];
           const float v6 = (acc + l0);
-          const float v7 = (v6 > (float)0 ? v6 : (float)0);
+          const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
       });
@@ -78,7 +79,7 @@ FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTR
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
-            best = std::max(best, xp[ih * 28 + iw]);
+            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 14 + ow] = best;
@@ -108,7 +109,7 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float acc = c[jj];
           const float l0 = b12[i1];
           const float v13 = (acc + l0);
-          const float v14 = (v13 > (float)0 ? v13 : (float)0);
+          const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
       });
@@ -131,7 +132,7 @@ FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_REST
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
-            best = std::max(best, xp[ih * 14 + iw]);
+            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
           }
         }
         yp[oh * 7 + ow] = best;
@@ -151,7 +152,7 @@ FLOWC_KERNEL void matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLO
       const float acc = c[jj];
       const float l0 = b19[i1];
       const float v20 = (acc + l0);
-      const float v21 = (v20 > (float)0 ? v20 : (float)0);
+      const float v21 = flowc::maximum(v20, (float)0);
       b21[i] = v21;
     }
   });
@@ -218,14 +219,14 @@ FLOWC_KERNEL int softmax_xent_fwd_bwd_29(const float* FLOWC_RESTRICT x, const in
     const int64_t label = (int64_t)labels[r];
     if (label < 0 || label >= 10) { bad = 1; continue; }
     float m = xr[0];
-    for (int64_t c = 1; c < 10; ++c) m = std::max(m, xr[c]);
+    for (int64_t c = 1; c < 10; ++c) m = flowc::maximum(m, xr[c]);   // a NaN propagates, as in np.max
     float sum = 0;
     for (int64_t c = 0; c < 10; ++c) sum += std::exp(xr[c] - m);
     loss[r] = std::log(sum) + m - xr[label];
-    const float scale = dy[r] / sum;
+    const float inv = (float)1 / sum, g = dy[r];
     float* dxr = dx + r * 10;
-    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * scale;
-    dxr[label] -= dy[r];
+    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * inv * g;
+    dxr[label] = (std::exp(xr[label] - m) * inv - (float)1) * g;
   }
   return bad ? code : 0;
 }
@@ -243,7 +244,7 @@ FLOWC_KERNEL void matmul_33_multiply_relu_grad(const float* FLOWC_RESTRICT b23, 
       const float l0 = b23[i0 * 512 + i1];
       const float v35 = (acc * l0);
       const float l1 = b21[i0 * 512 + i1];
-      const float v36 = (l1 > (float)0 ? v35 : (float)0);
+      const float v36 = (l1 > (float)0 ? v35 : l1 <= (float)0 ? (float)0 : l1);
       b36[i] = v36;
     }
   });
@@ -275,7 +276,7 @@ FLOWC_KERNEL void max_pool2d_grad_41(const float* FLOWC_RESTRICT x, const float*
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
             const float v = xp[ih * 14 + iw];
-            if (best_at < 0 || v > best) { best = v; best_at = ih * 14 + iw; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 14 + iw; }
           }
         }
         if (best_at >= 0) dxp[best_at] += g;
@@ -291,7 +292,7 @@ FLOWC_KERNEL void loop_42(const float* FLOWC_RESTRICT b14, const float* FLOWC_RE
     const int64_t i = j;
     const float l0 = b14[j];
     const float l1 = b41[j];
-    const float v42 = (l0 > (float)0 ? l1 : (float)0);
+    const float v42 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
     b42[i] = v42;
   }
 }
@@ -300,7 +301,7 @@ FLOWC_KERNEL void loop_42(const float* FLOWC_RESTRICT b14, const float* FLOWC_RE
 FLOWC_KERNEL void reduce_sum_43(const float* FLOWC_RESTRICT b42, float* FLOWC_RESTRICT b43) {
 #pragma omp parallel for
   for (int64_t o = 0; o < 6400; ++o) {
-    float acc = (float)0;
+    float acc = (float)-0.0;
     const float* row = b42 + o * 196;
     for (int64_t k = 0; k < 196; ++k) {
       const float x = row[k];
@@ -321,7 +322,7 @@ FLOWC_KERNEL void reduce_sum_44(const float* FLOWC_RESTRICT b43, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 64);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b43 + (o * 100 + k) * 64 + i_begin;
 #pragma omp simd
@@ -421,7 +422,7 @@ FLOWC_KERNEL void max_pool2d_grad_48(const float* FLOWC_RESTRICT x, const float*
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
             const float v = xp[ih * 28 + iw];
-            if (best_at < 0 || v > best) { best = v; best_at = ih * 28 + iw; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 28 + iw; }
           }
         }
         if (best_at >= 0) dxp[best_at] += g;
@@ -437,7 +438,7 @@ FLOWC_KERNEL void loop_49(const float* FLOWC_RESTRICT b7, const float* FLOWC_RES
     const int64_t i = j;
     const float l0 = b7[j];
     const float l1 = b48[j];
-    const float v49 = (l0 > (float)0 ? l1 : (float)0);
+    const float v49 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
     b49[i] = v49;
   }
 }
@@ -446,7 +447,7 @@ FLOWC_KERNEL void loop_49(const float* FLOWC_RESTRICT b7, const float* FLOWC_RES
 FLOWC_KERNEL void reduce_sum_50(const float* FLOWC_RESTRICT b49, float* FLOWC_RESTRICT b50) {
 #pragma omp parallel for
   for (int64_t o = 0; o < 3200; ++o) {
-    float acc = (float)0;
+    float acc = (float)-0.0;
     const float* row = b49 + o * 784;
     for (int64_t k = 0; k < 784; ++k) {
       const float x = row[k];
@@ -467,7 +468,7 @@ FLOWC_KERNEL void reduce_sum_51(const float* FLOWC_RESTRICT b50, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 32);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b50 + (o * 100 + k) * 32 + i_begin;
 #pragma omp simd
@@ -605,7 +606,7 @@ FLOWC_KERNEL void reduce_sum_37_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b36 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
@@ -656,7 +657,7 @@ FLOWC_KERNEL void reduce_sum_32_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b31 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd
@@ -679,9 +680,9 @@ FLOWC_KERNEL void reduce_sum_32_multiply_subtract(const float* FLOWC_RESTRICT b5
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
+  if (flowc::any_out_of_range(static_cast<int32_t*>(ptrs[11]), 100, 10)) return 1;
   conv2d_3_add_relu(static_cast<float*>(ptrs[1]), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 10035200));
   max_pool2d_8(reinterpret_cast<float*>(arena + 10035200), reinterpret_cast<float*>(arena + 0));
   conv2d_10_add_relu(reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 2508800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 20070400));
@@ -691,7 +692,7 @@ extern "C" int flowc_step(void* const* ptrs) {
   loop_24(reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 4172800));
   matmul_26_add(static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4381632), reinterpret_cast<float*>(arena + 4172800), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4377600));
   loop_30(reinterpret_cast<float*>(arena + 4377600));
-  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 4381632), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 4378048), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 4385664), 1)) err = e;
+  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 4381632), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 4378048), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 4385664), 1)) return e;
   matmul_33_multiply_relu_grad(reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 4385664), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4389696));
   matmul_38(reinterpret_cast<float*>(arena + 4594496), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4799296));
   max_pool2d_grad_41(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 25088000));
@@ -710,5 +711,5 @@ extern "C" int flowc_step(void* const* ptrs) {
   reduce_sum_37_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[6]), static_cast<float*>(ptrs[6]), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 0));
   matmul_34_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[10]), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 4172800), reinterpret_cast<float*>(arena + 0));
   reduce_sum_32_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[9]), static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }

@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         b3[i] = acc;
         const float l0 = b5[i1];
         const float v6 = (acc + l0);
-        const float v7 = (v6 > (float)0 ? v6 : (float)0);
+        const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
 }
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_8(const float* FLOW
         const int iw = ow * 2 - 0 + j;
         if (iw < 0 || iw >= 28) continue;
         const float v = xp[ih * 28 + iw];
-        best = best < v ? v : best;
+        best = flowc::maximum(best, v);   // a NaN propagates
       }
     }
     b8[e] = best;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float
         b10[i] = acc;
         const float l0 = b12[i1];
         const float v13 = (acc + l0);
-        const float v14 = (v13 > (float)0 ? v13 : (float)0);
+        const float v14 = flowc::maximum(v13, (float)0);
         b14[i] = v14;
       });
 }
@@ -132,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_15(const float* FLO
         const int iw = ow * 2 - 0 + j;
         if (iw < 0 || iw >= 14) continue;
         const float v = xp[ih * 14 + iw];
-        best = best < v ? v : best;
+        best = flowc::maximum(best, v);   // a NaN propagates
       }
     }
     b15[e] = best;
@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu(const float
         c_[i] = acc;
         const float l0 = b19[i1];
         const float v20 = (acc + l0);
-        const float v21 = (v20 > (float)0 ? v20 : (float)0);
+        const float v21 = flowc::maximum(v20, (float)0);
         b21[i] = v21;
       });
 }
@@ -229,19 +229,19 @@ extern "C" __global__ void __launch_bounds__(256) softmax_xent_fwd_bwd_29(const 
       continue;
     }
     float m = xr[0];
-    for (int c = lane; c < 10; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 10; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 10; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
     if (lane == 0) b29[r] = std::log(sum) + m - xr[label];
     const float dy = b30[r];
-    const float scale = dy / sum;
+    const float inv = (float)1 / sum;
     float* dxr = b31 + r * 10;
     for (int c = lane; c < 10; c += 32) {
-      float v = std::exp(xr[c] - m) * scale;
-      if (c == label) v -= dy;
-      dxr[c] = v;
+      float p = std::exp(xr[c] - m) * inv;
+      if (c == label) p -= (float)1;
+      dxr[c] = p * dy;
     }
   }
 }
@@ -262,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_33_multiply_relu_grad(c
         const float l0 = b23[i0 * 512 + i1];
         const float v35 = (acc * l0);
         const float l1 = b21[i0 * 512 + i1];
-        const float v36 = (l1 > (float)0 ? v35 : (float)0);
+        const float v36 = (l1 > (float)0 ? v35 : l1 <= (float)0 ? (float)0 : l1);
         b36[i] = v36;
       });
 }
@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_grad_41(const float
             const int ww = ow * 2 - 0 + j;
             if (ww < 0 || ww >= 14) continue;
             const float v = xp[wh * 14 + ww];
-            if (best_at < 0 || v > best) { best = v; best_at = wh * 14 + ww; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = wh * 14 + ww; }
           }
         }
         if (best_at == ih * 14 + iw) acc += g;
@@ -325,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(256) loop_42(const float* FLOWC_RES
       const int i = g;
       const float l0 = b14[i];
       const float l1 = b41[i];
-      const float v42 = (l0 > (float)0 ? l1 : (float)0);
+      const float v42 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
       b42[i] = v42;
     }
   }
@@ -337,9 +337,9 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_43(const float* FLO
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 6400; o += gridDim.x) {
     const float* row = b42 + (int)o * 196;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = threadIdx.x; k < 196; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, (float)0, combine);
+    acc = flowc::block_reduce<float>(acc, (float)-0.0, combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b43[i] = acc;
@@ -354,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_44(const float* FLO
   for (int t = (int)flowc::global_thread(); t < 64; t += (int)flowc::grid_threads()) {
     const int o = t / 64, ii = t % 64;
     const float* col = b43 + o * 6400 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 64]);
     const int i = t;
     b44[i] = acc;
@@ -442,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_grad_48(const float
             const int ww = ow * 2 - 0 + j;
             if (ww < 0 || ww >= 28) continue;
             const float v = xp[wh * 28 + ww];
-            if (best_at < 0 || v > best) { best = v; best_at = wh * 28 + ww; }
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = wh * 28 + ww; }
           }
         }
         if (best_at == ih * 28 + iw) acc += g;
@@ -459,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(256) loop_49(const float* FLOWC_RES
       const int i = g;
       const float l0 = b7[i];
       const float l1 = b48[i];
-      const float v49 = (l0 > (float)0 ? l1 : (float)0);
+      const float v49 = (l0 > (float)0 ? l1 : l0 <= (float)0 ? (float)0 : l0);
       b49[i] = v49;
     }
   }
@@ -471,9 +471,9 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_50(const float* FLO
   // One block per output: its threads stride along the contiguous row, then combine as a tree.
   for (int o = blockIdx.x; o < 3200; o += gridDim.x) {
     const float* row = b49 + (int)o * 784;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = threadIdx.x; k < 784; k += blockDim.x) acc = combine(acc, row[k]);
-    acc = flowc::block_reduce<float>(acc, (float)0, combine);
+    acc = flowc::block_reduce<float>(acc, (float)-0.0, combine);
     if (threadIdx.x == 0) {
       const int i = o;
       b50[i] = acc;
@@ -488,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_51(const float* FLO
   for (int t = (int)flowc::global_thread(); t < 32; t += (int)flowc::grid_threads()) {
     const int o = t / 32, ii = t % 32;
     const float* col = b50 + o * 3200 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 32]);
     const int i = t;
     b51[i] = acc;
@@ -598,7 +598,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_37_multiply_subtrac
   for (int t = (int)flowc::global_thread(); t < 512; t += (int)flowc::grid_threads()) {
     const int o = t / 512, ii = t % 512;
     const float* col = b36 + o * 51200 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 512]);
     const int i = t;
     b37[i] = acc;
@@ -638,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_32_multiply_subtrac
   for (int t = (int)flowc::global_thread(); t < 10; t += (int)flowc::grid_threads()) {
     const int o = t / 10, ii = t % 10;
     const float* col = b31 + o * 1000 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 10]);
     const int i = t;
     b32[i] = acc;

@@ -8,8 +8,9 @@
 //   ptrs[3] = variable 'hidden-weight'
 //   ptrs[4] = variable 'output-bias'
 //   ptrs[5] = variable 'output-weight'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -33,7 +34,7 @@ FLOWC_KERNEL void matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC
       const float acc = c[jj];
       const float l0 = b5[i1];
       const float v6 = (acc + l0);
-      const float v7 = (v6 > (float)0 ? v6 : (float)0);
+      const float v7 = flowc::maximum(v6, (float)0);
       b7[i] = v7;
     }
   });
@@ -57,10 +58,9 @@ FLOWC_KERNEL void matmul_9_add(const float* FLOWC_RESTRICT b10, float* FLOWC_RES
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
   matmul_4_add_relu(static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[2]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 0));
   matmul_9_add(static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 4032), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }

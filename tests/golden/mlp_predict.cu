@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float*
         c_[i] = acc;
         const float l0 = b5[i1];
         const float v6 = (acc + l0);
-        const float v7 = (v6 > (float)0 ? v6 : (float)0);
+        const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
 }

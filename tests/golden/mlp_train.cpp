@@ -10,8 +10,9 @@
 //   ptrs[5] = variable 'output-weight'
 //   ptrs[6] = input 1
 //   ptrs[7] = scalar 'learning_rate:float32'
-// It returns 0, or 1 + the id of the node whose kernel found bad data (e.g. a label
-// out of range).
+// It returns 0, or the error code of the first kernel that found bad data (e.g. a label
+// out of range), having stopped there; labels fed as inputs are checked before the first
+// kernel, so such a step changes no variable.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -35,7 +36,7 @@ FLOWC_KERNEL void matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC
       const float acc = c[jj];
       const float l0 = b5[i1];
       const float v6 = (acc + l0);
-      const float v7 = (v6 > (float)0 ? v6 : (float)0);
+      const float v7 = flowc::maximum(v6, (float)0);
       b7[i] = v7;
     }
   });
@@ -77,14 +78,14 @@ FLOWC_KERNEL int softmax_xent_fwd_bwd_12(const float* FLOWC_RESTRICT x, const in
     const int64_t label = (int64_t)labels[r];
     if (label < 0 || label >= 10) { bad = 1; continue; }
     float m = xr[0];
-    for (int64_t c = 1; c < 10; ++c) m = std::max(m, xr[c]);
+    for (int64_t c = 1; c < 10; ++c) m = flowc::maximum(m, xr[c]);   // a NaN propagates, as in np.max
     float sum = 0;
     for (int64_t c = 0; c < 10; ++c) sum += std::exp(xr[c] - m);
     loss[r] = std::log(sum) + m - xr[label];
-    const float scale = dy[r] / sum;
+    const float inv = (float)1 / sum, g = dy[r];
     float* dxr = dx + r * 10;
-    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * scale;
-    dxr[label] -= dy[r];
+    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * inv * g;
+    dxr[label] = (std::exp(xr[label] - m) * inv - (float)1) * g;
   }
   return bad ? code : 0;
 }
@@ -100,7 +101,7 @@ FLOWC_KERNEL void matmul_16_relu_grad(const float* FLOWC_RESTRICT b7, float* FLO
       const int64_t i = i0 * 512 + i1;
       const float acc = c[jj];
       const float l0 = b7[i0 * 512 + i1];
-      const float v18 = (l0 > (float)0 ? acc : (float)0);
+      const float v18 = (l0 > (float)0 ? acc : l0 <= (float)0 ? (float)0 : l0);
       b18[i] = v18;
     }
   });
@@ -135,7 +136,7 @@ FLOWC_KERNEL void reduce_sum_19_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b18 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
@@ -186,7 +187,7 @@ FLOWC_KERNEL void reduce_sum_15_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)0;
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
     for (int64_t k = 0; k < 100; ++k) {
       const float* row = b14 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd
@@ -209,17 +210,17 @@ FLOWC_KERNEL void reduce_sum_15_multiply_subtract(const float* FLOWC_RESTRICT b2
 }
 
 extern "C" int flowc_step(void* const* ptrs) {
-  int err = 0;
   char* const arena = static_cast<char*>(ptrs[0]);
   (void)arena;
+  if (flowc::any_out_of_range(static_cast<int32_t*>(ptrs[6]), 100, 10)) return 1;
   matmul_4_add_relu(static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[2]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 0));
   matmul_9_add(static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 4032), reinterpret_cast<float*>(arena + 204800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 0));
   loop_13(reinterpret_cast<float*>(arena + 0));
-  if (int e = softmax_xent_fwd_bwd_12(reinterpret_cast<float*>(arena + 4032), static_cast<int32_t*>(ptrs[6]), reinterpret_cast<float*>(arena + 448), reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 8064), 1)) err = e;
+  if (int e = softmax_xent_fwd_bwd_12(reinterpret_cast<float*>(arena + 4032), static_cast<int32_t*>(ptrs[6]), reinterpret_cast<float*>(arena + 448), reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 8064), 1)) return e;
   matmul_16_relu_grad(reinterpret_cast<float*>(arena + 204800), reinterpret_cast<float*>(arena + 614400), reinterpret_cast<float*>(arena + 8064), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 409600));
   matmul_20_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[3]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 614400), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 819200));
   reduce_sum_19_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[1]), static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 614400), reinterpret_cast<float*>(arena + 896));
   matmul_17_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[5]), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 8064), reinterpret_cast<float*>(arena + 204800), reinterpret_cast<float*>(arena + 12096));
   reduce_sum_15_multiply_subtract(static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[4]), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 8064), reinterpret_cast<float*>(arena + 0));
-  return err;
+  return 0;
 }

@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float*
         c_[i] = acc;
         const float l0 = b5[i1];
         const float v6 = (acc + l0);
-        const float v7 = (v6 > (float)0 ? v6 : (float)0);
+        const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
 }
@@ -86,19 +86,19 @@ extern "C" __global__ void __launch_bounds__(256) softmax_xent_fwd_bwd_12(const 
       continue;
     }
     float m = xr[0];
-    for (int c = lane; c < 10; c += 32) m = m < xr[c] ? xr[c] : m;
-    m = flowc::warp_reduce(m, [](const float a, const float b) { return a < b ? b : a; });
+    for (int c = lane; c < 10; c += 32) m = flowc::maximum(m, xr[c]);   // a NaN propagates
+    m = flowc::warp_reduce(m, [](const float a, const float b) { return flowc::maximum(a, b); });
     float sum = 0;
     for (int c = lane; c < 10; c += 32) sum += std::exp(xr[c] - m);
     sum = flowc::warp_reduce(sum, [](const float a, const float b) { return a + b; });
     if (lane == 0) b12[r] = std::log(sum) + m - xr[label];
     const float dy = b13[r];
-    const float scale = dy / sum;
+    const float inv = (float)1 / sum;
     float* dxr = b14 + r * 10;
     for (int c = lane; c < 10; c += 32) {
-      float v = std::exp(xr[c] - m) * scale;
-      if (c == label) v -= dy;
-      dxr[c] = v;
+      float p = std::exp(xr[c] - m) * inv;
+      if (c == label) p -= (float)1;
+      dxr[c] = p * dy;
     }
   }
 }
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_16_relu_grad(const floa
         const int i = i0 * 512 + i1;
         c_[i] = acc;
         const float l0 = b7[i0 * 512 + i1];
-        const float v18 = (l0 > (float)0 ? acc : (float)0);
+        const float v18 = (l0 > (float)0 ? acc : l0 <= (float)0 ? (float)0 : l0);
         b18[i] = v18;
       });
 }
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_19_multiply_subtrac
   for (int t = (int)flowc::global_thread(); t < 512; t += (int)flowc::grid_threads()) {
     const int o = t / 512, ii = t % 512;
     const float* col = b18 + o * 51200 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 512]);
     const int i = t;
     b19[i] = acc;
@@ -190,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_15_multiply_subtrac
   for (int t = (int)flowc::global_thread(); t < 10; t += (int)flowc::grid_threads()) {
     const int o = t / 10, ii = t % 10;
     const float* col = b14 + o * 1000 + ii;
-    float acc = (float)0;
+    float acc = (float)-0.0;
     for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 10]);
     const int i = t;
     b15[i] = acc;
