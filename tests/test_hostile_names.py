@@ -370,7 +370,7 @@ def test_a_stale_bytecode_cache_cannot_skip_the_sanitiser(tmp_path, monkeypatch)
     assert list((tmp_path / "templates").iterdir()), "the old environment stored its bytecode"
     source = environment("cpu").get_template("step.cpp.j2").render(
         version="v", job=JOB_NAME_PAYLOAD, calls=[], copy_backs=[], profile=False, uses_gemm=False, uses_conv=False,
-        bindings=[], kernels=[], split=False, with_step=True, prototypes=[])
+        bindings=[], kernels=[], split=False, with_step=True, prototypes=[], checks=[])
     assert "constructor" in source.splitlines()[0] and source.splitlines()[1] == "//"
 
 
