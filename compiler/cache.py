@@ -105,6 +105,8 @@ CACHEDIR_TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
 MARKER_FILE = ".flowc-cache"
 MARKER_TEXT = ("flowc made this folder for its kernel cache; `flowc cache clear` removes only what flowc "
                "made here, and only from folders that hold this file.\n")
+# Tries at moving a new entry into its prefix folder, which a concurrent `clear` may remove when empty.
+_RENAME_ATTEMPTS = 10
 _TMP_NAME = re.compile(r"(build|trash)-([0-9a-f]{64})-")
 _FAILED_NAME = re.compile(r".+-([0-9a-f]{16})")
 # The folders of a cache root besides its entries, and the names flowc gives what it puts in them
@@ -741,12 +743,14 @@ class KernelCache:
             _write_json_atomic(tmp / META_FILE, meta)
             os.chmod(tmp / META_FILE, 0o644)
             final = self.entry_dir(key)
-            for attempt in range(3):
-                make_private_folder(final.parent)
+            for attempt in range(_RENAME_ATTEMPTS):
                 try:
+                    make_private_folder(final.parent)
+                    _take_write_from_others(final.parent)
                     os.rename(tmp, final)
                 except FileNotFoundError:
-                    if attempt == 2:     # `clear` removed the empty prefix folder meanwhile: make it again
+                    # `clear` removed the empty prefix folder meanwhile: make it again.
+                    if attempt == _RENAME_ATTEMPTS - 1:
                         raise
                     continue
                 except OSError:
@@ -995,6 +999,15 @@ def _owner_words(path: Path) -> str:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
+
+
+def _take_write_from_others(folder: Path) -> None:
+    # A prefix folder an older flowc made under a umask of 002 is group-writable, and _check would
+    # refuse every entry in it.  Inside a private root only this user could have written it, so
+    # fixing its mode is safe; one another user owns stays as it is (and _check refuses it).
+    st = os.stat(folder)
+    if is_writable(st) and st.st_mode & 0o022:
+        os.chmod(folder, stat.S_IMODE(st.st_mode) & ~0o022)
 
 
 def _seal(folder: Path) -> dict[str, list]:

@@ -197,3 +197,14 @@ def test_clearing_next_to_compiling_processes_breaks_none_of_them(tmp_path):
             if p.poll() is None:
                 p.kill()
     assert [code for code, _ in results] == [0, 0, 0], results
+
+
+def test_clear_core_removes_the_compiled_templates_older_flowc_kept_there(tmp_path, monkeypatch, capsys):
+    core = tmp_path / "core"
+    (core / "templates").mkdir(parents=True)
+    (core / "templates" / "__jinja2_0123abcd.cache").write_bytes(b"old bytecode")
+    KernelCache(core).get_or_build(parts(), "flowc_core", fake_build())       # adopts and marks it
+    monkeypatch.setenv("FLOWC_CORE_DIR", str(core))
+    assert flowc_main(["cache", "clear", "--core"]) == 0
+    assert "kept 1 in use by running processes" in capsys.readouterr().out
+    assert not (core / "templates").exists()

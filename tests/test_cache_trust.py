@@ -247,3 +247,13 @@ def test_a_failed_compile_is_kept_where_this_process_builds_not_in_a_refused_roo
     with pytest.warns(CacheTrustWarning), pytest.raises(ToolchainError) as info:
         build_shared_library("this is not C++", name="broken", cache=cache)
     assert str(cache._fallback.root) in str(info.value) and not (root / "failed").exists()
+
+
+def test_a_group_writable_prefix_folder_of_a_private_root_is_repaired_not_a_dead_end(tmp_path):
+    cache = KernelCache(tmp_path)
+    entry, _ = cache.get_or_build(parts(), "job", fake_build())
+    os.chmod(entry.path.parent, 0o775)          # as an older flowc made it under umask 002
+    with pytest.warns(CacheTrustWarning, match="writable by its group"):
+        again, compiled = KernelCache(tmp_path).get_or_build(parts(), "job", fake_build())
+    assert compiled and mode(again.path.parent) == 0o755
+    assert KernelCache(tmp_path).lookup(parts().key()) is not None
