@@ -13,7 +13,10 @@ header version, the way a JIT ships its runtime:
 Both live in their own content-addressed cache, ``$FLOWC_CORE_DIR`` (default
 ``~/.cache/flowc-core``), separate from the job cache: emptying the job cache (or pointing
 ``FLOWC_CACHE_DIR`` at a fresh folder) leaves the core in place, as deleting torch.compile's
-cache leaves libtorch.  `flowc cache clear --core` empties it.
+cache leaves libtorch.  `flowc cache clear --core` empties it.  The core cache is trusted on the
+same terms as the job cache (compiler/cache_trust.py), and its entry's meta.json checksums both
+files: a damaged precompiled header (a truncated ``.gch`` made every compile fail with a cryptic
+g++ error) is found before a compile reads it, and the entry is rebuilt.
 
 Example::
 
@@ -84,15 +87,20 @@ def _build(folder: Path) -> None:
     (folder / _cache.SOURCE_FILE).write_text((headers / CORE_SOURCE).read_text())
 
 
-def ensure_core() -> CoreLibrary:
-    """The core library for this machine and compiler, built on first use (about 1.5 s, once)."""
-    return _ensure_core(str(core_dir()))
+def ensure_core(*, for_compile: bool = True) -> CoreLibrary:
+    """The core library for this machine and compiler, built on first use (about 1.5 s, once).
+
+    `for_compile` (a step is about to be compiled against it) checks the sha256 of the precompiled
+    header too (26 MB, about 40 ms once per process); loading the library checks only its own,
+    and the header's size.
+    """
+    return _ensure_core(str(core_dir()), for_compile)
 
 
 @functools.cache
-def _ensure_core(root: str) -> CoreLibrary:
-    cache = KernelCache(root)
-    entry, compiled = cache.get_or_build(_key_parts(), "flowc_core", _build)
+def _ensure_core(root: str, for_compile: bool = True) -> CoreLibrary:
+    cache = KernelCache(root, setting="FLOWC_CORE_DIR")
+    entry, compiled = cache.get_or_build(_key_parts(), "flowc_core", _build, verify_all=for_compile)
     return CoreLibrary(entry.library, entry.library.parent, compiled)
 
 
@@ -101,6 +109,6 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 def load_core() -> None:
     """Load the core library with RTLD_GLOBAL, so step libraries resolve its symbols (once per process)."""
-    core = ensure_core()
+    core = ensure_core(for_compile=False)
     if str(core.library) not in _loaded:
         _loaded[str(core.library)] = ctypes.CDLL(str(core.library), mode=os.RTLD_NOW | os.RTLD_GLOBAL)

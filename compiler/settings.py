@@ -42,13 +42,21 @@ SETTINGS: tuple[Setting, ...] = (
             "compiler command line, compiler version, flowc version, CPU target and runtime headers, so "
             "upgrades never reuse stale kernels. Each entry keeps its `kernel.cpp` next to `kernel.so`; "
             "sources that failed to compile are kept under `failed/`. The `--cache-dir` option of "
-            "`flowc compile` and `flowc cache` sets it for that command.",
+            "`flowc compile` and `flowc cache` sets it for that command. flowc creates it with mode 0700 and "
+            "refuses a folder another user owns or may write (it then warns and builds into a private "
+            "temporary folder for that run); a read-only cache owned by root is used as it is "
+            "(docs/security.md).",
             "compiler.cache"),
     Setting("FLOWC_CORE_DIR", "path", "`~/.cache/flowc-core`",
             "where the core library lives (the GEMM kernel, col2im and the precompiled prelude every step "
-            "uses, built once per compiler, CPU target and header version, plus compiled templates). "
-            "`flowc cache info --core` shows it.",
+            "uses, built once per compiler, CPU target and header version). Trusted on the same terms as "
+            "`FLOWC_CACHE_DIR`. `flowc cache info --core` shows it.",
             "compiler.core_library"),
+    Setting("FLOWC_LOCK_TIMEOUT", "level", "`600`",
+            "seconds a process waits for another process's lock on a cache entry (while that one compiles "
+            "it) before it gives up with an error naming the holder's pid; after 5 s of waiting it prints "
+            "whom it waits for. `0` waits without a limit.",
+            "compiler.cache_locks"),
     Setting("FLOWC_DEBUG", "level", "`0`",
             "`1` or more prints cache misses with the reason, compiler command lines and compile times to "
             "stderr, and writes each job's IR after every pass, generated source and memory plan to a "
@@ -88,6 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
+DEFAULT_LOCK_TIMEOUT = 600
 README_BEGIN = "<!-- settings-table:begin (generated: python -m flowc.compiler.settings --write-readme) -->"
 README_END = "<!-- settings-table:end -->"
 
@@ -160,6 +169,20 @@ def set_cache_dir(folder: str | os.PathLike) -> None:
 def core_dir() -> Path:
     """The core library's cache root: ``$FLOWC_CORE_DIR``, else ``~/.cache/flowc-core``."""
     return _path("FLOWC_CORE_DIR") or Path.home() / ".cache" / "flowc-core"
+
+
+def lock_timeout() -> float | None:
+    """``$FLOWC_LOCK_TIMEOUT`` in seconds (default 600); None for ``0`` or less: wait without a limit.
+
+    A value that is not a whole number is an error that names the variable.
+    """
+    raw = _raw("FLOWC_LOCK_TIMEOUT").strip()
+    try:
+        seconds = int(raw) if raw else DEFAULT_LOCK_TIMEOUT
+    except ValueError:
+        raise ValueError(f"FLOWC_LOCK_TIMEOUT={raw!r}: expected a whole number of seconds "
+                         "(0 waits without a limit)") from None
+    return float(seconds) if seconds > 0 else None
 
 
 def cxx() -> str | None:

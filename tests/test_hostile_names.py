@@ -360,7 +360,8 @@ def test_a_template_cannot_opt_out():
 
 
 def test_a_stale_bytecode_cache_cannot_skip_the_sanitiser(tmp_path, monkeypatch):
-    """Templates compiled without the sanitiser (an older flowc, the same core folder) are not reused."""
+    """Templates compiled without the sanitiser (an older flowc, the same core folder) are not reused:
+    the environment reads no compiled templates from disk."""
     monkeypatch.setenv("FLOWC_CORE_DIR", str(tmp_path))
     (tmp_path / "templates").mkdir()
     old = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_folder("cpu"))),

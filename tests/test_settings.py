@@ -23,6 +23,7 @@ REGENERATE = "python -m flowc.compiler.settings --write-readme   (from the repos
 ACCESSORS = {
     "FLOWC_CACHE_DIR": settings.cache_dir,
     "FLOWC_CORE_DIR": settings.core_dir,
+    "FLOWC_LOCK_TIMEOUT": settings.lock_timeout,
     "FLOWC_DEBUG": settings.debug_level,
     "FLOWC_PROFILE": settings.profile,
     "FLOWC_TF32": settings.tf32,

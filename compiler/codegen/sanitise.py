@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import jinja2
 import numpy as np
@@ -156,21 +156,6 @@ def join(items: Iterable[Any], separator: str = "") -> str:
 
 
 # -- the Jinja2 side: an environment no template can render around ---------------------------------
-# Jinja2 applies `finalize` when it compiles a template, and its bytecode cache checksums only the
-# template's source: a template compiled before `finalize` was set (or with another one) would load
-# from that cache without it.  Every source is read with this tag in front, so the checksum changes
-# with the sanitiser's version (bump it when `emit` changes what it lets through).
-SANITISER_TAG = "{# flowc: every value passes through compiler/codegen/sanitise.py emit, version 1 #}"
-
-
-class TaggedLoader(jinja2.FileSystemLoader):
-    """A template folder's files, each read as `SANITISER_TAG` + its text (see the tag's comment)."""
-
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Callable[[], bool]]:
-        source, filename, uptodate = super().get_source(environment, template)
-        return SANITISER_TAG + source, filename, uptodate
-
-
 class CodegenEnvironment(jinja2.Environment):
     """A Jinja2 environment whose every `{{ value }}` goes through `emit` (passing another `finalize`
     is an error) and whose `join` keeps generated lists `CodeText`.
