@@ -68,6 +68,8 @@ class Register:
         return sum(1 for h in self._holds if h.counts())
 
     def _must_wait_for_room(self, callbacks_waiting_for_caller: Callable[[], bool]) -> bool:
+        if len(self._holds) < self.capacity:      # the usual case, without looking at each call
+            return False
         counted = [h for h in self._holds if h.counts()]
         if len(counted) < self.capacity:
             return False
@@ -86,7 +88,8 @@ class Register:
                     self._cond.wait(timeout=0.1)
                 hold = Hold(self._free.popleft())
                 self._holds.add(hold)
-                self.max_in_flight = max(self.max_in_flight, self._count())
+                if len(self._holds) > self.max_in_flight:     # else the count cannot exceed it
+                    self.max_in_flight = max(self.max_in_flight, self._count())
                 return hold
         except KeyboardInterrupt:
             # Ctrl-C can land inside the `with`'s exit, after wait() took the lock back and before it

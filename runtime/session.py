@@ -88,13 +88,16 @@ class Session:
     _pipeline: Any = None
 
     def __post_init__(self) -> None:
-        self._lock = threading.Condition()    # guards the pipeline's creation, _calling and _closed
+        self._lock = threading.Condition(threading.Lock())  # guards the pipeline's creation, _calling, _closed
         self._calling = 0          # calls between taking this session and handing their step over
         self._closed = False
 
     @property
     def pipeline(self):
         """The actors that run this session's steps and callbacks (started at the first call)."""
+        pipeline = self._pipeline
+        if pipeline is not None:
+            return pipeline
         with self._lock:
             if self._pipeline is None:
                 from flowc.runtime.pipeline import Pipeline
@@ -115,7 +118,8 @@ class Session:
         """The call has handed its step to the pipeline (or finished it): `close` may go on."""
         with self._lock:
             self._calling -= 1
-            self._lock.notify_all()
+            if self._closed:
+                self._lock.notify_all()
 
     @contextlib.contextmanager
     def holding_steps(self) -> Iterator[None]:
@@ -156,7 +160,7 @@ class Session:
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's pipeline threads do not exist here; its locks may have been
         held by them.  The calls the parent had in flight fail; the next call starts new actors."""
-        self._lock = threading.Condition()
+        self._lock = threading.Condition(threading.Lock())
         self._calling = 0
         if self._pipeline is not None:
             self._pipeline.forget_after_fork()
