@@ -86,7 +86,9 @@ def compile_cache_stats() -> dict:
 
 def sync_default_session() -> None:
     """Wait until every job call in flight has run and its callback has returned; then raise the
-    first error of an asynchronous call or callback that no sync point has raised yet.
+    first error of an asynchronous call or callback that no sync point has raised yet.  Calls that
+    other threads make meanwhile are not waited for.  Inside a callback it raises a RuntimeError
+    (it would wait for the callback's own call).
 
     Example:
         for images, labels in batches:

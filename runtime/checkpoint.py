@@ -301,15 +301,18 @@ def save(session, path: str | os.PathLike) -> None:
     """Write every variable of `session` (and its train step counters) to a fresh folder `path`."""
     path = os.path.abspath(os.fspath(path))
     _check_fresh(path)
-    session.sync()                                # the values after every call made so far
+    session.sync("flow.checkpoint.save()")        # the values after every call made so far
+    # One consistent cut: no step runs while the variables and step counters are copied, so a
+    # save made while another thread trains holds them as some whole number of steps left them.
     entries: list[tuple[str, np.ndarray, str | None]] = []      # (name, value, dtype; None: raw bytes)
-    for name in list(session.variables):
-        entries.append((name, _current_value(session, name), session.variables[name].type.dtype))
-    for name, pending in session.pending_values.items():   # loaded, not declared yet: keep them as loaded
-        if name not in session.variables:
-            entries.append((name, pending.data, None if pending.raw else pending.data.dtype.name))
-    for job, steps in session.train_steps.items():
-        entries.append((TRAIN_STEP_PREFIX + job, np.array(steps, dtype=np.int64), "int64"))
+    with session.holding_steps():
+        for name in list(session.variables):
+            entries.append((name, _current_value(session, name).copy(), session.variables[name].type.dtype))
+        for name, pending in session.pending_values.items():   # loaded, not declared yet: keep them as loaded
+            if name not in session.variables:
+                entries.append((name, pending.data, None if pending.raw else pending.data.dtype.name))
+        for job, steps in session.train_steps.items():
+            entries.append((TRAIN_STEP_PREFIX + job, np.array(steps, dtype=np.int64), "int64"))
     for name, _, _ in entries:
         _check_name(name)
     parent, base = os.path.split(path)
@@ -568,4 +571,5 @@ class VariableValue:
 
 def all_variables(session) -> dict[str, VariableValue]:
     session.sync()
-    return {name: VariableValue(name, _current_value(session, name).copy()) for name in list(session.variables)}
+    with session.holding_steps():           # one consistent cut, as a save takes
+        return {name: VariableValue(name, _current_value(session, name).copy()) for name in list(session.variables)}

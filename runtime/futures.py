@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import threading
 import warnings
@@ -19,11 +20,18 @@ import numpy as np
 
 
 class Call:
-    """One job call on its way through the actors."""
+    """One job call on its way through the actors.
 
-    def __init__(self, job, slot, convert: Callable[[list], Any]) -> None:
+    `ready` is the job's build this call runs (a `job.ReadyStep`: session, loaded step, register),
+    fixed when the call starts, so a job compiled anew or a session cleared meanwhile cannot mix
+    another build's buffers into it; `hold` is its claim on the register (slot and room).
+    """
+
+    def __init__(self, job, ready, hold, convert: Callable[[list], Any]) -> None:
         self.job = job
-        self.slot = slot
+        self.ready = ready
+        self.hold = hold
+        self.ticket = 0                     # its place in the pipeline (Pipeline.submit)
         self.convert = convert              # output arrays -> the user's value
         self.outputs: list | None = None
         self.error: BaseException | None = None
@@ -35,6 +43,18 @@ class Call:
 
     def decide(self, callback: Callable | None) -> None:
         self.callback = callback
+        self.decided.set()
+        self.ready.register.changed()       # a caller waiting for room may now count this call out
+
+    def fail_after_fork(self) -> None:
+        """In a forked child: this call was in flight in the parent, whose threads run it; here it
+        fails (with new events: a parent thread may have held the old ones' locks at the fork)."""
+        self.error = RuntimeError(f"job {self.job.name!r}: this call was in flight when the process "
+                                  f"forked; its step and callback run in the parent (pid {os.getppid()}), "
+                                  f"not in this child")
+        self.computed = threading.Event()
+        self.computed.set()
+        self.decided = threading.Event()
         self.decided.set()
 
     def wait_computed(self) -> None:

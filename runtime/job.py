@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 import warnings
+import weakref
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -20,6 +23,7 @@ from flowc.compiler.errors import JobCallError, StepError
 from flowc.compiler.ir import dtype_name, numpy_dtype
 from flowc.compiler.trace import refuse_job_call_while_tracing
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
+from flowc.runtime.pipeline import running_callback_of
 from flowc.runtime.register import Register
 from flowc.runtime.session import default_session
 from flowc.runtime.signature import placeholders_of, rebuild_result, result_spec_of
@@ -65,7 +69,12 @@ class FunctionConfig:
         self.depth = DEFAULT_PIPELINE_DEPTH
 
     def concurrency_width(self, n: int) -> None:
-        """How many calls of the job may be in flight at once (the pipeline depth); a call blocks beyond."""
+        """How many calls of the job may be in flight at once, results waiting for their callbacks
+        included (the pipeline depth); a call blocks beyond, so a slow callback holds the caller back.
+
+        Example:
+            config.concurrency_width(2)      # at most two steps or callbacks of the job pending
+        """
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"function_config.concurrency_width: expected an int >= 1, got {n!r}")
         self.depth = n
@@ -82,6 +91,80 @@ class FunctionConfig:
                              "train.model_update_conf")
 
 
+@dataclass(frozen=True)
+class ReadyStep:
+    """One build of a job loaded in one session: everything a call runs, taken together when the
+    call starts, so that another thread compiling the job anew or clearing the session meanwhile
+    cannot mix its buffers, register or session into the call."""
+    name: str
+    counts_steps: bool           # a train job: each step advances the job's step counter
+    session: Session
+    traced: TracedJob
+    loaded: LoadedStep
+    register: Register
+
+    def _next_scalars(self) -> dict[str, float]:
+        """This step's runtime scalars (learning rates, the step number); advances the job's step
+        counter.  The pipeline calls it with the session's step lock held, so the counter counts the
+        steps in the order they run, whichever threads call."""
+        steps = self.session.train_steps
+        done = steps.get(self.name, 0)         # each train job counts its own steps, as in OneFlow
+        if self.counts_steps:
+            steps[self.name] = done + 1
+        return _runtime_scalars(self.traced, done)
+
+    def _uncount_failed_step(self) -> None:
+        """A step that raised StepError (a label out of range) stopped before any kernel wrote a
+        variable, so it is no step: the counter, which drives the learning-rate schedule and Adam's
+        bias correction, goes back.  Still under the step lock: no other step ran in between."""
+        if self.counts_steps:
+            self.session.train_steps[self.name] -= 1
+
+    def compute(self, slot) -> list[np.ndarray]:
+        """Run the step on a fed slot (the compute actor)."""
+        scalars = self._next_scalars()
+        try:
+            if scalars:
+                self.loaded.feed(slot, (), scalars)
+            return self.loaded.compute(slot)
+        except StepError:
+            self._uncount_failed_step()
+            raise
+
+    def compute_borrowed(self, slot, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Feed and run the step on the caller's thread (Pipeline.run_now)."""
+        scalars = self._next_scalars()
+        try:
+            return self.loaded.compute_borrowed(slot, arrays, scalars)
+        except StepError:
+            self._uncount_failed_step()
+            raise
+
+
+# Tracing keeps its context on a module-wide stack (compiler/trace.py) and loading a step
+# initializes the session's variables it binds: one thread at a time does either.  Compiling
+# (the slow part) runs outside it, under the job's own lock.
+_build_lock = threading.RLock()
+_jobs: weakref.WeakSet[JobFunction] = weakref.WeakSet()     # every job, for a forked child
+
+
+def build_lock() -> threading.RLock:
+    """The lock that serializes tracing and loading steps (runtime/fork.py holds it over a fork)."""
+    return _build_lock
+
+
+def reset_jobs_after_fork() -> None:
+    """In a forked child: new locks (a parent thread may have held one at the fork) and free
+    registers (the parent's calls in flight never finish here)."""
+    global _build_lock
+    _build_lock = threading.RLock()
+    for job in list(_jobs):
+        job._lock = threading.RLock()
+        ready = job._ready
+        if ready is not None:
+            ready.register.reset_after_fork(ready.loaded.slots)
+
+
 class JobFunction:
     """A traced-on-first-call job; call it like the Python function it wraps."""
 
@@ -95,42 +178,68 @@ class JobFunction:
         self.placeholders = placeholders_of(fn)
         self.result_spec, self.asynchronous = result_spec_of(fn)
         self.old_api = self.result_spec.kind == "auto"
+        # Threads may make their first calls at once: the lock makes one of them trace, compile and
+        # load, and the others wait for that build instead of racing it.
+        self._lock = threading.RLock()
         self._session: Session | None = None
         self._traced: TracedJob | None = None        # once traced (in self._session)
         self._trace_seconds = 0.0
         self._compiled: CompiledStep | None = None   # once built
         self._device: str = HOST_DEVICE  # where the traced job runs: a device name of compiler/backends.py
-        self.loaded: LoadedStep | None = None        # once traced and compiled
-        self.register: Register | None = None        # its slots in flight
+        self._ready: ReadyStep | None = None         # once traced, compiled and loaded in self._session
         functools.update_wrapper(self, fn)
+        _jobs.add(self)
+
+    @property
+    def loaded(self) -> LoadedStep | None:
+        """The loaded step, once the job was called (None after the session was cleared)."""
+        ready = self._ready
+        return ready.loaded if ready is not None else None
+
+    @property
+    def register(self) -> Register | None:
+        """The register of its calls in flight, once the job was called."""
+        ready = self._ready
+        return ready.register if ready is not None else None
 
     # -- building -------------------------------------------------------------------------
-    def _ensure_ready(self) -> LoadedStep:
+    def _ensure_ready(self) -> ReadyStep:
         session = default_session()
-        if self.loaded is not None and self._session is session:
-            return self.loaded
-        if self._compiled is None or self._session is not session:
-            self.compile()
-        from flowc.runtime.devices import load_step
-        self.loaded = load_step(self._compiled, session, self.config.depth)
-        self.register = Register(self.loaded.slots)
-        if self not in session.jobs:
-            session.jobs.append(self)
-        return self.loaded
+        ready = self._ready
+        if ready is not None and ready.session is session:
+            return ready
+        with self._lock:
+            ready = self._ready
+            if ready is not None and ready.session is session:     # another thread built it meanwhile
+                return ready
+            if self._compiled is None or self._session is not session:
+                self._lower(session, None).compile()
+            assert self._compiled is not None and self._traced is not None    # adopted by compile()
+            from flowc.runtime.devices import load_step
+            with _build_lock:
+                loaded = load_step(self._compiled, session, self.config.depth)
+            ready = ReadyStep(self.name, self.job_type == "train", session, self._traced, loaded,
+                              Register(loaded.slots))
+            self._ready = ready
+            if self not in session.jobs:
+                session.jobs.append(self)
+            return ready
 
-    def _trace(self) -> TracedJob:
-        """The traced job in the default session (traced again when the session changed)."""
-        session = default_session()
-        if self._traced is None or self._session is not session:
-            from flowc.compiler.build import build_job_graph
-            self.release()
-            start = time.perf_counter()
-            self._traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
-                                           self.result_spec, session, self.config)
-            self._trace_seconds = time.perf_counter() - start
-            self._session = session
-            self._device = _choose_device(self._traced.graph)
-        return self._traced
+    def _trace(self, session: Session) -> TracedJob:
+        """The traced job in `session` (traced again when the session changed)."""
+        with self._lock:
+            if self._traced is None or self._session is not session:
+                from flowc.compiler.build import build_job_graph
+                self.release()
+                start = time.perf_counter()
+                with _build_lock:
+                    traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
+                                             self.result_spec, session, self.config)
+                self._trace_seconds = time.perf_counter() - start
+                self._traced = traced
+                self._session = session
+                self._device = _choose_device(traced.graph)
+            return self._traced
 
     def lower(self, device: DeviceName | None = None):
         """Trace the job (if not yet) and run every compiler pass: a `compiler.stages.Lowered`.
@@ -143,12 +252,15 @@ class JobFunction:
             print(lowered.as_text(after="fuse_epilogues"))
             print(lowered.passes_text())
         """
+        return self._lower(default_session(), device)
+
+    def _lower(self, session: Session, device: DeviceName | None):
         from flowc.compiler.pipeline import lower
         from flowc.compiler.stages import Lowered
         if device is not None and device not in device_names():
             raise ValueError(f"job {self.name!r}: device must be {' or '.join(map(repr, device_names()))}, "
                              f"got {device!r}")
-        traced = self._trace()
+        traced = self._trace(session)
         records: list = []
         start = time.perf_counter()
         program = lower(traced.graph, records)
@@ -169,24 +281,29 @@ class JobFunction:
         """Take a step built by `Lowered.compile()`: the next call loads it instead of compiling.
         A step built for another device (e.g. a GPU build on a machine without one, ahead
         of time) is only an artifact in the cache: the job keeps compiling for where it runs."""
-        if step.device != self._device:
-            return
-        if self.loaded is not None and self.loaded.compiled is not step:
-            self.loaded = None          # a loaded step keeps running until the job is compiled anew
-            self.register = None
-        self._compiled = step
+        with self._lock:
+            if step.device != self._device:
+                return
+            ready = self._ready
+            if ready is not None and ready.loaded.compiled is not step:
+                self._ready = None      # calls already made keep their step; the next one loads this
+            self._compiled = step
 
-    def release(self) -> None:
-        self.loaded = None
-        self.register = None
-        self._traced = None
-        self._compiled = None
-        self._session = None
+    def release(self, session: Session | None = None) -> None:
+        """Forget the trace, the build and the loaded step; with `session`, only if they belong to it
+        (a job another thread already called in a newer session keeps that)."""
+        with self._lock:
+            if session is not None and self._session is not session:
+                return
+            self._ready = None
+            self._traced = None
+            self._compiled = None
+            self._session = None
 
     @property
     def graph(self):
         """The traced graph (forward, backward, update); traces the job if needed."""
-        return self._trace().graph
+        return self._trace(default_session()).graph
 
     def profile(self) -> str:
         """A table of time per kernel over the steps run so far (needs FLOWC_PROFILE=1 at compile time).
@@ -194,7 +311,7 @@ class JobFunction:
         Example:
             FLOWC_PROFILE=1 python train.py    # then: print(train_job.profile())
         """
-        rows = self._ensure_ready().profile()
+        rows = self._ensure_ready().loaded.profile()
         total = sum(s for _, s in rows) or 1.0
         lines = [f"{'kernel':<48} {'seconds':>10} {'share':>7}"]
         for name, seconds in sorted(rows, key=lambda r: -r[1]):
@@ -204,7 +321,7 @@ class JobFunction:
     @property
     def compiled(self):
         """The compiled step: `.program` (kernels, memory plan), `.generated.source`, `.library`."""
-        return self._ensure_ready().compiled
+        return self._ensure_ready().loaded.compiled
 
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -212,59 +329,48 @@ class JobFunction:
         a callback registrar (`-> tp.Callback[T]`) or a future (no annotation, the old API)."""
         refuse_job_call_while_tracing(self.name)
         arrays = self._bind(args, kwargs)
-        loaded = self._ensure_ready()
-        session = self._session
-        assert session is not None and self._traced is not None and self.register is not None   # ready
-        pipeline = session.pipeline
-        synchronous = not self.asynchronous and not self.old_api
-        if synchronous:
-            pipeline.raise_pending_error()
-        done = session.train_steps.get(self.name, 0)     # each train job counts its own steps, as in OneFlow
-        scalars = _runtime_scalars(self._traced, done)
-        slot = self.register.acquire()
-        layout = self._traced.layout
-        self._count_step(session, done + 1)
-        if synchronous:
-            try:
-                outputs = pipeline.run_now(self, slot, arrays, scalars)   # None: calls in flight
-            except StepError:
-                self._uncount_failed_step(session, done)
-                raise
-            if outputs is not None:
-                return rebuild_result(layout, outputs)
+        ready = self._begin_call()
         try:
-            loaded.feed(slot, arrays, scalars)   # inputs are copied now: the caller may reuse its arrays
-        except BaseException:
-            self.register.release(slot)
-            self._count_step(session, done)         # no step was made
-            raise
-        if self.old_api:
-            call = Call(self, slot, lambda outs: rebuild_result(layout, outs, LocalBlob))
-        else:
-            call = Call(self, slot, lambda outs: rebuild_result(layout, outs))
-        call.wants_callback = not synchronous
-        call.delivered = synchronous
-        pipeline.submit(call)
+            pipeline = ready.session.pipeline
+            synchronous = not self.asynchronous and not self.old_api
+            if synchronous:
+                pipeline.raise_pending_error()
+            # Inside a callback, waiting for room would wait for this very callback to return.
+            hold = ready.register.acquire(wait_for_room=running_callback_of() is None,
+                                          callbacks_waiting_for_caller=pipeline.callbacks_wait_for_caller)
+            layout = ready.traced.layout
+            if synchronous:
+                outputs = pipeline.run_now(ready, hold, arrays)   # None: calls in flight
+                if outputs is not None:
+                    return rebuild_result(layout, outputs)
+            try:
+                ready.loaded.feed(hold.slot, arrays)   # inputs are copied now: the caller may reuse its arrays
+            except BaseException:
+                ready.register.finish(hold)
+                raise
+            if self.old_api:
+                call = Call(self, ready, hold, lambda outs: rebuild_result(layout, outs, LocalBlob))
+            else:
+                call = Call(self, ready, hold, lambda outs: rebuild_result(layout, outs))
+            call.wants_callback = not synchronous
+            call.delivered = synchronous
+            hold.call = call
+            pipeline.submit(call)
+        finally:
+            ready.session.end_call()
         if self.asynchronous:
             return CallbackRegistrar(call)
         if self.old_api:
             return JobFuture(call, pipeline)
-        try:
-            return call.value()
-        except StepError:
-            self._uncount_failed_step(session, done)
-            raise
+        return call.value()
 
-    def _count_step(self, session, steps: int) -> None:
-        if self.job_type == "train":
-            session.train_steps[self.name] = steps
-
-    def _uncount_failed_step(self, session, done: int) -> None:
-        """A step that failed (a label out of range) changed no variable, so it is no step: the count,
-        which drives the learning-rate schedule and Adam's bias correction, goes back -- unless later
-        steps were counted meanwhile (asynchronous calls), whose numbers are already fed."""
-        if session.train_steps.get(self.name) == done + 1:
-            self._count_step(session, done)
+    def _begin_call(self) -> ReadyStep:
+        """The job ready in the default session, entered (`Session.begin_call`) so that clearing the
+        session waits for this call.  A session cleared between the two is left for the new one."""
+        while True:
+            ready = self._ensure_ready()
+            if ready.session.begin_call():
+                return ready
 
     def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
         names = [p.name for p in self.placeholders]

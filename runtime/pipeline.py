@@ -3,24 +3,56 @@
 The caller validates and copies its inputs into a register slot, then posts the call.
 The compute actor runs steps one after another in call order, copies the outputs
 out and frees the slot; calls whose results go to a callback continue to the
-callback actor, which runs callbacks in call order.
+callback actor, which runs callbacks in call order.  A call keeps its room in the
+job's register (`concurrency_width`) until its callback has returned, so a slow
+callback holds the caller back instead of letting results pile up.
+
+Every step runs under the step lock, taken by the compute actor (or by a caller running
+a synchronous step at once) for the step only: whatever else holds it (`holding_steps`)
+sees the variables between two whole steps.  Each train job's step counter is advanced
+under it too, so counters, learning rates and Adam's bias correction follow the order
+in which steps really run, whichever threads call.
 
 An exception in a step or a callback is never lost: it is kept, with its traceback,
 and raised by the session's next synchronous call, `.get()` or
 `flow.sync_default_session()`.  At interpreter exit the pipeline drains, so the
-callbacks of calls still in flight run before the process ends.
+callbacks of calls still in flight run before the process ends.  A callback may call
+jobs, but not wait for the pipeline (`sync_default_session`, `clear_default_session`):
+that would wait for its own call, which ends when it returns.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 import traceback
 import weakref
 from collections import deque
+from typing import Iterator
 
 from flowc.runtime.actors import Actor
+from flowc.runtime.fork import openmp_unsafe_here
 from flowc.runtime.futures import Call
+
+_thread_state = threading.local()        # .callback_of: the Call whose callback this thread runs now
+_pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()     # the live ones, for fork (runtime/fork.py)
+
+
+def running_callback_of() -> Call | None:
+    """The call whose callback the current thread is running, if it is running one."""
+    return getattr(_thread_state, "callback_of", None)
+
+
+def refuse_inside_callback(what: str) -> None:
+    """Raise a clear error instead of the deadlock `what` (which waits for every call in flight)
+    would be inside a callback: the callback's own call is in flight until the callback returns."""
+    call = running_callback_of()
+    if call is not None:
+        raise RuntimeError(f"{what} was called inside the callback of job {call.job.name!r}: it waits for "
+                           f"every call in flight, and that callback's own call is in flight until the "
+                           f"callback returns, so it would wait forever.  Call it from the thread that "
+                           f"calls the jobs (after the calls), not from a callback")
 
 
 class Pipeline:
@@ -28,12 +60,16 @@ class Pipeline:
         self.compute = Actor(f"{name}-compute", self._compute)
         self.callbacks = Actor(f"{name}-callbacks", self._run_callback)
         self._cond = threading.Condition()
-        self._outstanding = 0
+        self._issued = 0                                  # tickets handed out, one per call
+        self._unfinished: dict[int, Call | None] = {}     # ticket -> its call (None: run at once)
+        self._origins: dict[int, int] = {}                # ticket -> the ticket of the call it came from
         # Steps run one at a time, on the compute actor or, for a synchronous call made while
         # nothing is in flight, on the caller's thread (see run_now).
         self._compute_lock = threading.Lock()
         self._errors: deque[BaseException] = deque()
         self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
+        self._closed = False
+        self._waiting_for_decision = False   # the callback actor waits for a caller's .get()/callback
         ref = weakref.ref(self)
 
         def drain_at_exit() -> None:      # a weak reference only: an unused pipeline can be collected
@@ -42,70 +78,112 @@ class Pipeline:
                 pipeline.drain_at_exit()
         self._atexit = drain_at_exit
         atexit.register(self._atexit)
+        _pipelines.add(self)
 
     # -- submitting ---------------------------------------------------------------------
+    def _begin(self, call: Call | None) -> int:
+        """A ticket for a call entering the pipeline (under self._cond).  A call made inside a callback
+        takes its origin from the callback's call, so a sync point that waits for that call waits
+        for what its callback started too."""
+        if self._closed:
+            raise RuntimeError("flowc: this session's pipeline is closed (its session was cleared); "
+                               "call the job again to run it in the new default session")
+        self._issued += 1
+        parent = running_callback_of()
+        origin = self._issued
+        if parent is not None and parent.ticket in self._origins:
+            origin = self._origins[parent.ticket]
+        self._unfinished[self._issued] = call
+        self._origins[self._issued] = origin
+        if call is not None:
+            call.ticket = self._issued
+        return self._issued
+
+    def _finished(self, ticket: int) -> None:
+        with self._cond:
+            del self._unfinished[ticket]
+            del self._origins[ticket]
+            self._cond.notify_all()
+
     def submit(self, call: Call) -> None:
         with self._cond:
-            self._outstanding += 1
+            self._begin(call)
         self.compute.post(call)
 
-    def run_now(self, job, slot, arrays, scalars) -> list | None:
+    def run_now(self, ready, hold, arrays) -> list | None:
         """Run a synchronous call's step on the caller's thread if nothing is in flight, and return
         its outputs; None when busy (feed the slot and submit it instead).  The actor would have run
         it next anyway, so order is unchanged; the caller saves two thread hand-offs (0.1 ms of a
         0.7 ms MLP step on the 2-vCPU VM) and the copy of its inputs.  A call that other threads post
         meanwhile waits for the compute lock."""
+        if openmp_unsafe_here():       # a forked child's forking thread: its OpenMP pool is gone
+            return None
         with self._cond:
-            if self._outstanding:
+            if self._unfinished:
                 return None
-            self._outstanding += 1
+            ticket = self._begin(None)
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
             with self._compute_lock:
-                return job.loaded.compute_borrowed(slot, arrays, scalars)
+                return ready.compute_borrowed(hold.slot, arrays)
         finally:
-            job.register.release(slot)
-            self._finished()
+            ready.register.finish(hold)
+            self._finished(ticket)
 
-    def _finished(self) -> None:
-        with self._cond:
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._cond.notify_all()
+    @contextlib.contextmanager
+    def holding_steps(self) -> Iterator[None]:
+        """No step runs inside: the variables and step counters stay as whole steps left them."""
+        with self._compute_lock:
+            yield
 
     # -- the actors' work -----------------------------------------------------------------
     def _compute(self, call: Call) -> None:
+        register = call.ready.register
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
             with self._compute_lock:
-                call.outputs = call.job.loaded.compute(call.slot)
+                call.outputs = call.ready.compute(call.hold.slot)
         except BaseException as err:      # kept for the caller or the next sync point
             call.error = err
         finally:
-            call.job.register.release(call.slot)
             call.computed.set()
+            register.free_slot(call.hold)
         if call.wants_callback:
             self.callbacks.post(call)
         else:
-            self._finished()
+            register.finish(call.hold)
+            self._finished(call.ticket)
 
     def _run_callback(self, call: Call) -> None:
         try:
+            if not call.decided.is_set():
+                self._waiting_for_decision = True
+                call.ready.register.changed()
             while not call.decided.wait(timeout=0.1) and not self._abandoned:
                 pass
+            self._waiting_for_decision = False
             if self._abandoned:
                 return
             if call.error is not None:
                 if not call.delivered:
                     self._errors.append(call.error)
             elif call.callback is not None:
-                call.callback(call.converted())
+                _thread_state.callback_of = call
+                try:
+                    call.callback(call.converted())
+                finally:
+                    _thread_state.callback_of = None
         except BaseException as err:
             self._errors.append(err)
         finally:
-            self._finished()
+            call.ready.register.finish(call.hold)
+            self._finished(call.ticket)
+
+    def callbacks_wait_for_caller(self) -> bool:
+        """Whether the callback actor waits for a caller to decide a result (`.get()` or a callback)."""
+        return self._waiting_for_decision
 
     # -- sync points --------------------------------------------------------------------------
     def raise_pending_error(self) -> None:
@@ -113,22 +191,34 @@ class Pipeline:
         if self._errors:
             raise self._errors.popleft()
 
-    def wait_idle(self) -> None:
-        """Block until every submitted call is computed and its callback has run."""
+    def wait_for_calls_made(self) -> None:
+        """Block until every call submitted so far is computed and its callback has run, and so are
+        the calls those callbacks made.  Calls that other threads make meanwhile are not waited for,
+        so a thread that keeps calling cannot hold a sync point back forever."""
         with self._cond:
-            while self._outstanding:
+            last = self._issued
+            while any(origin <= last for origin in self._origins.values()):
                 self._cond.wait(timeout=0.1)    # a timeout keeps Ctrl-C working
 
-    def sync(self) -> None:
-        self.wait_idle()
+    def wait_idle(self) -> None:
+        """Block until no call is in flight."""
+        with self._cond:
+            while self._unfinished:
+                self._cond.wait(timeout=0.1)
+
+    def sync(self, what: str = "flow.sync_default_session()") -> None:
+        refuse_inside_callback(what)
+        self.wait_for_calls_made()
         self.raise_pending_error()
 
     @property
     def in_flight(self) -> int:
-        return self._outstanding
+        return len(self._unfinished)
 
     def close(self) -> list[BaseException]:
-        """Drain, stop both threads; return the errors nobody collected."""
+        """Drain, stop both threads; return the errors nobody collected.  No call enters after."""
+        with self._cond:
+            self._closed = True
         self.wait_idle()
         self.compute.stop()
         self.callbacks.stop()
@@ -136,13 +226,28 @@ class Pipeline:
         errors, self._errors = list(self._errors), deque()
         return errors
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's threads run this pipeline's calls, and none of them exists
+        here.  Fail the calls in flight (their futures raise instead of waiting forever), close the
+        pipeline without waiting, and drop its exit drain; the session starts a new one."""
+        for call in self._unfinished.values():
+            if call is not None:
+                call.fail_after_fork()
+        self._unfinished = {}
+        self._origins = {}
+        self._closed = True
+        self._cond = threading.Condition()
+        self._compute_lock = threading.Lock()
+        atexit.unregister(self._atexit)
+        _pipelines.discard(self)
+
     def drain_at_exit(self) -> None:
         # After Ctrl-C ended the program, do not drain the backlog (it may take long): skip the
         # queued steps and callbacks, but let the step in progress finish, so that no thread is
         # inside compiled code while the process tears down.
         interrupted = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if isinstance(interrupted, KeyboardInterrupt):
-            pending = self._outstanding
+            pending = len(self._unfinished)
             self._abandoned = True
             # Wait for the step in progress through the compute lock rather than for the in-flight
             # count: Ctrl-C may have landed between two updates of that count, which then never

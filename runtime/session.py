@@ -6,9 +6,11 @@ update them in place, so their addresses stay fixed for the life of the session.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -85,47 +87,118 @@ class Session:
 
     _pipeline: Any = None
 
+    def __post_init__(self) -> None:
+        self._lock = threading.Condition(threading.Lock())  # guards the pipeline's creation, _calling, _closed
+        self._calling = 0          # calls between taking this session and handing their step over
+        self._closed = False
+
     @property
     def pipeline(self):
         """The actors that run this session's steps and callbacks (started at the first call)."""
-        if self._pipeline is None:
-            from flowc.runtime.pipeline import Pipeline
-            self._pipeline = Pipeline()
-        return self._pipeline
+        pipeline = self._pipeline
+        if pipeline is not None:
+            return pipeline
+        with self._lock:
+            if self._pipeline is None:
+                from flowc.runtime.pipeline import Pipeline
+                self._pipeline = Pipeline()
+            return self._pipeline
 
-    def sync(self) -> None:
-        """Wait for every call in flight; then the host arrays hold the variables' current values
-        (GPU jobs keep theirs on the device: they are copied back here)."""
+    # -- calls, and the clear that waits for them ------------------------------------------
+    def begin_call(self) -> bool:
+        """Enter a job call; False once the session is closed (the caller takes the new default
+        session instead).  Every begin_call that returned True is followed by one end_call."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._calling += 1
+            return True
+
+    def end_call(self) -> None:
+        """The call has handed its step to the pipeline (or finished it): `close` may go on."""
+        with self._lock:
+            self._calling -= 1
+            if self._closed:
+                self._lock.notify_all()
+
+    @contextlib.contextmanager
+    def holding_steps(self) -> Iterator[None]:
+        """No step of this session runs inside, so variables and step counters form one consistent
+        cut (checkpoint saves).  GPU variables are copied to the host inside, before the caller
+        reads them."""
+        with self.pipeline.holding_steps():
+            from flowc.runtime.devices import sync_to_host
+            sync_to_host(self)
+            yield
+
+    def sync(self, what: str = "flow.sync_default_session()") -> None:
+        """Wait for every call made so far; then the host arrays hold the variables' current values
+        (GPU jobs keep theirs on the device: they are copied back here).  Refused inside a callback,
+        where it would wait for the callback's own call."""
+        from flowc.runtime.pipeline import refuse_inside_callback
+        refuse_inside_callback(what)
         if self._pipeline is not None:
-            self._pipeline.sync()
-        from flowc.runtime.devices import sync_to_host
-        sync_to_host(self)
+            self._pipeline.sync(what)
+        with self.holding_steps():
+            pass
 
     def close(self) -> None:
-        """Drain the pipeline, stop its threads, forget the jobs."""
+        """Let no new call in, wait for the calls already made (their steps and callbacks run),
+        stop the pipeline's threads, forget the jobs."""
+        with self._lock:
+            self._closed = True
+            while self._calling:
+                self._lock.wait(timeout=0.1)
         errors = self._pipeline.close() if self._pipeline is not None else []
-        self._pipeline = None
-        for job in self.jobs:
-            job.release()
+        for job in list(self.jobs):
+            job.release(self)
         self.jobs.clear()
         for err in errors:
             warnings.warn(f"flowc: an asynchronous call failed before the session was cleared: {err!r}",
                           RuntimeWarning, stacklevel=3)
 
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's pipeline threads do not exist here; its locks may have been
+        held by them.  The calls the parent had in flight fail; the next call starts new actors."""
+        self._lock = threading.Condition(threading.Lock())
+        self._calling = 0
+        if self._pipeline is not None:
+            self._pipeline.forget_after_fork()
+            self._pipeline = None
+
 
 _default: Session | None = None
+_default_lock = threading.Lock()
 
 
 def default_session() -> Session:
     global _default
-    if _default is None:
-        _default = Session()
-    return _default
+    session = _default
+    if session is None:
+        with _default_lock:
+            if _default is None:
+                _default = Session()
+            session = _default
+    return session
 
 
 def clear_default_session() -> None:
-    """Forget every job and variable; the next job call traces and initializes afresh."""
+    """Forget every job and variable; the next job call traces and initializes afresh.
+
+    Calls other threads make from now on go to the new session; the calls already made finish
+    first (steps and callbacks), then the old session's threads stop.  Refused inside a callback,
+    where it would wait for the callback's own call."""
     global _default
-    if _default is not None:
-        _default.close()
-    _default = None
+    from flowc.runtime.pipeline import refuse_inside_callback
+    refuse_inside_callback("flow.clear_default_session()")
+    with _default_lock:
+        old, _default = _default, None
+    if old is not None:
+        old.close()
+
+
+def sessions_after_fork() -> list[Session]:
+    """The sessions a forked child must reset (runtime/fork.py): the default one."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    return [_default] if _default is not None else []
