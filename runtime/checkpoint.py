@@ -489,17 +489,18 @@ def resolve(session, name: str, value: Any, where: str) -> np.ndarray | PendingV
 
 def assign(session, values: dict[str, Any], steps: dict[str, int]) -> None:
     """Write checked values into the session: in place for declared variables, pending otherwise."""
-    session.sync()                                 # no step may run while the values change
-    for name, value in values.items():
-        slot = session.variables.get(name)
-        if slot is None:                           # no job has declared it yet
-            session.pending_values[name] = value
-        elif slot.value is None:
-            slot.value = np.array(value, dtype=numpy_dtype(slot.type.dtype), order="C")
-        else:
-            np.copyto(slot.value, value, casting="same_kind")   # compiled steps point into it
-    session.train_steps.update(steps)
-    sync_to_device(session)                        # GPU jobs read their device copies
+    session.sync()                                 # the calls made so far run with the old values
+    with session.holding_steps():                  # and no other thread's step sees half of the new ones
+        for name, value in values.items():
+            slot = session.variables.get(name)
+            if slot is None:                       # no job has declared it yet
+                session.pending_values[name] = value
+            elif slot.value is None:
+                slot.value = np.array(value, dtype=numpy_dtype(slot.type.dtype), order="C")
+            else:
+                np.copyto(slot.value, value, casting="same_kind")   # compiled steps point into it
+        session.train_steps.update(steps)
+        sync_to_device(session)                    # GPU jobs read their device copies
 
 
 def _train_step(value: Any, name: str, where: str) -> int:
@@ -541,10 +542,11 @@ def init(session) -> None:
     """Initialize every declared variable from its initializer, in place; forget loaded values
     still pending and the train step counters (OneFlow's init starts training afresh)."""
     session.sync()
-    session.pending_values.clear()
-    session.initialize_all(force=True)
-    session.train_steps.clear()
-    sync_to_device(session)
+    with session.holding_steps():                  # one consistent cut, as a load takes
+        session.pending_values.clear()
+        session.initialize_all(force=True)
+        session.train_steps.clear()
+        sync_to_device(session)
 
 
 class VariableValue:

@@ -388,3 +388,33 @@ def test_checkpoint_saved_while_another_thread_trains_is_one_consistent_cut(tmp_
         a, b = saved["twin-a"].numpy(), saved["twin-b"].numpy()
         assert a.min() == a.max() == b.min() == b.max() == -steps, \
             f"snapshot {i}: a in [{a.min()}, {a.max()}], b in [{b.min()}, {b.max()}], step counter {steps}"
+
+
+def test_variables_loaded_while_another_thread_trains_are_one_consistent_cut():
+    """A load writes every variable and the step counter while no step runs: a step never sees
+    one twin loaded and the other not, so after any interleaving a == b == -(steps counted)."""
+    ones = np.ones(TWIN, dtype=np.float32)
+    twin_step(ones)
+    stop = threading.Event()
+    errors: list = []
+    fresh = {"twin-a": np.zeros(TWIN, np.float32), "twin-b": np.zeros(TWIN, np.float32),
+             "System-Train-TrainStep-twin_step": np.array(0, np.int64)}
+
+    def trainer() -> None:
+        while not stop.is_set():
+            twin_step(ones)
+
+    def loader() -> None:
+        try:
+            for _ in range(30):
+                flow.load_variables(fresh)
+        finally:
+            stop.set()
+    _bounded([_thread(trainer, errors, "trainer"), _thread(loader, errors, "loader")])
+    assert not errors, errors
+    flow.sync_default_session()
+    values = flow.get_all_variables()
+    a, b = values["twin-a"].numpy(), values["twin-b"].numpy()
+    steps = default_session().train_steps["twin_step"]
+    assert a.min() == a.max() == b.min() == b.max() == -steps, \
+        f"a in [{a.min()}, {a.max()}], b in [{b.min()}, {b.max()}], step counter {steps}"
