@@ -132,3 +132,25 @@ def test_a_failing_gpu_step_changes_no_variable_on_an_emulated_device(fake_pycud
     assert fake_pycuda.launches == launches      # nothing ran
     sync_to_host(session)
     assert bits(session) == before
+
+
+def test_a_failing_asynchronous_step_is_not_counted_either():
+    """The counter advances when a step runs (under the step lock), so a failed asynchronous step
+    goes back before any later step takes a number: the steps after it are numbered as if it had
+    never been called."""
+    @flow.global_function(type="train")
+    def atomic_async(x: tp.Numpy.Placeholder((BATCH, FEATURES)),
+                     y: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> tp.Callback[tp.Numpy]:
+        logits = flow.layers.dense(x, CLASSES, name="atomic_async_out")
+        loss = flow.math.reduce_mean(flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        OPTIMIZERS["adam"]().minimize(loss)
+        return loss
+    x, y = batch(3)
+    bad = y.copy()
+    bad[0] = CLASSES
+    for labels in (y, bad, y, y):
+        atomic_async(x, labels)(lambda loss: None)
+    with pytest.raises(flow.StepError, match="out of range"):
+        flow.sync_default_session()
+    flow.sync_default_session()
+    assert default_session().train_steps["atomic_async"] == 3
