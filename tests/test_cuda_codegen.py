@@ -33,6 +33,7 @@ import pytest
 
 import flow
 import flow.typing as tp
+from flowc.compiler.backends import _load
 from flowc.compiler.build import build_job_graph
 from flowc.compiler.cache import KernelCache
 from flowc.compiler.pipeline import compile_graph, lower
@@ -594,8 +595,12 @@ def fake_pycuda(emulator, monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda", package)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.delitem(sys.modules, "flowc.runtime.cuda_executor", raising=False)
+    # The backend registry caches the class it loaded: forget it, or a later test's steps would run
+    # on the first test's driver (and count their launches there).
+    _load.cache_clear()
     yield driver
     sys.modules.pop("flowc.runtime.cuda_executor", None)
+    _load.cache_clear()
 
 
 @pytest.mark.slow
