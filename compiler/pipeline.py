@@ -123,10 +123,11 @@ def lower(graph: Graph, records: list[PassRecord] | None = None) -> Program:
 
 
 def generate(program: Program, device: str = HOST_DEVICE, profile: bool = False, tf32: bool = False,
-             arch: str | None = None):
+             arch: str | None = None, check_numerics: bool = False):
     """The generated step of `program` for `device`'s backend (C++, or CUDA for `arch`)."""
     from flowc.compiler.cache import package_version
-    options = GenerateOptions(version=package_version(), profile=profile, tf32=tf32, arch=arch)
+    options = GenerateOptions(version=package_version(), profile=profile, tf32=tf32, arch=arch,
+                              check_numerics=check_numerics)
     return get_backend(device).generator().from_program(program, options).render()
 
 
@@ -142,6 +143,7 @@ class CompiledStep:
     passes: list[PassRecord]
     device: str = HOST_DEVICE  # the backend it was built for (compiler/backends.py)
     arch: str | None = None   # the device architecture it was built for, where the backend has one
+    check_numerics: bool = False   # built with a NaN/Inf check after each kernel
 
 
 def compile_graph(graph: Graph, device: str = HOST_DEVICE, arch: str | None = None) -> CompiledStep:
@@ -158,23 +160,25 @@ def compile_graph(graph: Graph, device: str = HOST_DEVICE, arch: str | None = No
 
 
 def build_lowered(program: Program, records: list[PassRecord], timings: dict[str, float],
-                  device: str = HOST_DEVICE, arch: str | None = None) -> tuple[CompiledStep, str | None]:
+                  device: str = HOST_DEVICE, arch: str | None = None,
+                  check_numerics: bool = False) -> tuple[CompiledStep, str | None]:
     """Generate and build a lowered program: the step, and why the cache missed (None on a hit).
 
     FLOWC_PROFILE=1 builds per-kernel timers in; FLOWC_TF32=1 runs float32 GEMMs and convolutions on
-    TF32 tensor cores where the backend has them.
+    TF32 tensor cores where the backend has them.  `check_numerics` (the job's function_config) adds a
+    NaN/Inf check after each kernel; it changes the source, hence the cache key.
     """
     backend = get_backend(device)
     toolchain = backend.toolchain(arch)
     start = time.perf_counter()
     generated = generate(program, backend.name, profile=settings.profile(), tf32=settings.tf32(),
-                         arch=toolchain.arch)
+                         arch=toolchain.arch, check_numerics=check_numerics)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     built = toolchain.build(generated, program.graph.name)
     timings["compile"] = time.perf_counter() - start
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
-                        device=backend.name, arch=toolchain.arch)
+                        device=backend.name, arch=toolchain.arch, check_numerics=check_numerics)
     if settings.debug():
         _write_debug_dump(step)
     return step, built.miss_reason

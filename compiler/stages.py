@@ -49,6 +49,7 @@ class Lowered:
     timings: dict[str, float] = field(default_factory=dict)          # trace, passes (seconds)
     device: str = "cpu"
     on_compiled: Callable[[CompiledStep], None] | None = None
+    check_numerics: bool = False        # function_config().check_numerics: a NaN/Inf check after each kernel
 
     @property
     def name(self) -> str:
@@ -107,7 +108,8 @@ class Lowered:
             compiled.from_cache     # True when an earlier run or `flowc compile` built it
         """
         from flowc.compiler.pipeline import build_lowered
-        step, miss_reason = build_lowered(self.program, self.passes, dict(self.timings), self.device, arch)
+        step, miss_reason = build_lowered(self.program, self.passes, dict(self.timings), self.device, arch,
+                                          check_numerics=self.check_numerics)
         if self.on_compiled is not None:
             self.on_compiled(step)
         return Compiled(step, miss_reason)
@@ -153,5 +155,6 @@ class Compiled:
         return MemoryPlanView(memory, memory.format(program.graph, program.require_kernels()))
 
     def lowered(self) -> Lowered:
-        return Lowered(self.step.program, self.step.passes, dict(self.step.timings))
+        return Lowered(self.step.program, self.step.passes, dict(self.step.timings),
+                       check_numerics=self.step.check_numerics)
 

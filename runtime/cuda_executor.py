@@ -255,6 +255,7 @@ class CudaLoadedStep(LoadedStep):
                 self.stream.wait_for_event(slot.fed)
                 cuda.memset_d32_async(int(self.status), 0, 1, self.stream)
                 events: list[tuple[Any, Any]] = []     # (start, end) pycuda Events per launch
+                stopped = False
                 for launch, fn, args in zip(self.launches, self.functions, slot.args):
                     if profiling:
                         events.append((cuda.Event().record(self.stream), None))
@@ -262,13 +263,17 @@ class CudaLoadedStep(LoadedStep):
                                            shared_size=launch.shared_bytes)
                     if profiling:
                         events[-1] = (events[-1][0], cuda.Event().record(self.stream))
-                for dst, src, nbytes in self.copy_args:
-                    cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
-                for host, src in slot.fetch:
-                    if host.size:
-                        cuda.memcpy_dtoh_async(host, src, self.stream)
-                cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
-                self.stream.synchronize()
+                    if launch.checks_status and self._status_set():
+                        stopped = True          # check_numerics: nothing after the first bad value
+                        break
+                if not stopped:
+                    for dst, src, nbytes in self.copy_args:
+                        cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
+                    for host, src in slot.fetch:
+                        if host.size:
+                            cuda.memcpy_dtoh_async(host, src, self.stream)
+                    cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
+                    self.stream.synchronize()
             except cuda.Error as err:
                 raise StepError(f"job {self.graph.name!r}: the GPU step failed: {err}") from err
             for k, (start, end) in enumerate(events):
@@ -276,8 +281,23 @@ class CudaLoadedStep(LoadedStep):
         self.variables.written(self.assigned)
         code = int(self.host_status[0])
         if code:
-            self.raise_step_error(code)
+            self.raise_step_error(code, slot)
         return [out.copy() for out in slot.outputs]
+
+    def _status_set(self) -> bool:
+        """Wait for the launches so far and read the status (check_numerics, after each check)."""
+        cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
+        self.stream.synchronize()
+        return bool(self.host_status[0])
+
+    def failed_value(self, node_id: int, slot: CudaSlot) -> np.ndarray:
+        """`node_id`'s value on the device, where a failed step left it (its outputs were not fetched)."""
+        t = self.graph.node(node_id).type
+        out = np.empty(t.shape, numpy_dtype(t.dtype))
+        with self.device.current():
+            self.stream.synchronize()
+            cuda.memcpy_dtoh(out, self.pointer(self.binding(node_id), slot))
+        return out
 
     def profile(self) -> list[tuple[str, float]]:
         """(kernel, GPU seconds summed over the steps so far), for a step compiled with FLOWC_PROFILE=1."""

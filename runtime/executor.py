@@ -89,6 +89,10 @@ class CpuLoadedStep(LoadedStep):
             return np.frombuffer(self.arena, dtype=dtype, count=t.size, offset=buf.key).reshape(t.shape)
         return self.buffer((buf.kind, buf.key), slot).reshape(t.shape)
 
+    def failed_value(self, node_id: int, slot: Slot) -> np.ndarray:
+        """A copy of `node_id`'s value as the step that just failed on `slot` left it."""
+        return self.view(node_id, slot).copy()
+
     def feed(self, slot: Slot, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
         """Copy the caller's arrays (converting dtype) and this step's scalars into `slot`."""
         for buf, a in zip(slot.inputs, arrays):
@@ -123,7 +127,7 @@ class CpuLoadedStep(LoadedStep):
         """Run the step on `slot` (one foreign call, GIL released) and copy its outputs out."""
         code = self.lib.flowc_step(slot.table)
         if code:
-            self.raise_step_error(code)
+            self.raise_step_error(code, slot)
         return [v.copy() for v in slot.outputs]
 
     def profile(self) -> list[tuple[str, float]]:

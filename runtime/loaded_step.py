@@ -53,10 +53,19 @@ class LoadedStep(abc.ABC):
         self.feed(self.slots[0], arrays, scalars)
         return self.compute(self.slots[0])
 
-    def raise_step_error(self, code: int) -> None:
-        """Raise the StepError for status `code`, naming the user's line of the op that reported it."""
-        node_id = self.compiled.generated.error_nodes.get(code)
+    def failed_value(self, node_id: int, slot: Any) -> np.ndarray:
+        """A copy of `node_id`'s value as the step that just failed on `slot` left it."""
+        raise NotImplementedError
+
+    def raise_step_error(self, code: int, slot: Any = None) -> None:
+        """Raise the StepError for status `code`, naming the user's line of the op that reported it.
+        A check_numerics code also says what the value holds, read from `slot`'s step when given."""
+        generated = self.compiled.generated
+        node_id = generated.error_nodes.get(code)
         node = self.graph.node(node_id) if node_id is not None else None
+        if node is not None and code in generated.numerics_nodes:
+            value = self.failed_value(node.id, slot) if slot is not None else None
+            raise StepError(non_finite_message(self.compiled.program, node, value))
         if node is not None and node.op.startswith("sparse_softmax_cross_entropy"):
             classes = self.graph.node(node.inputs[0]).type.shape[-1]
             raise StepError(f"{node.loc}: sparse_softmax_cross_entropy_with_logits: a label is out of range "
@@ -67,3 +76,44 @@ class LoadedStep(abc.ABC):
     def profile_not_built(graph) -> RuntimeError:
         return RuntimeError(f"job {graph.name!r} was compiled without per-kernel timers; "
                             "set FLOWC_PROFILE=1 before its first call")
+
+
+_PASSES = {"backward": " in the backward pass", "update": " in the optimizer update"}
+
+
+def non_finite_message(program, node, value: np.ndarray | None) -> str:
+    """`file:line: op produced NaN ... (check_numerics)` for a node whose value check_numerics refused;
+    `value` (the value the step stopped on, when it could be read) says how many and where.  Ops fused
+    into one kernel keep only the kernel's results, so the message also names the ops (and lines)
+    the kernel computed that value from: the NaN may have arisen in any of them."""
+    graph = program.graph
+    what = "NaN or infinity"
+    if value is not None:
+        kinds = [(name, mask) for name, mask in (("NaN", np.isnan(value)), ("+Inf", np.isposinf(value)),
+                                                 ("-Inf", np.isneginf(value))) if mask.any()]
+        if kinds:
+            bad = np.logical_or.reduce([mask for _, mask in kinds])
+            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), value.shape))
+            what = (f"{' and '.join(name for name, _ in kinds)} ({int(bad.sum())} of {value.size} values, "
+                    f"the first at index {first})")
+    fused = ""
+    kernel = next((k for k in program.require_kernels() if node.id in k.nodes()), None)
+    if kernel is not None:
+        sources = _fused_sources(graph, kernel, node.id)
+        if sources:
+            fused = "; computed in one kernel from " + ", ".join(f"{n.op} @{n.loc}" for n in sources)
+    return (f"{node.loc}: {node.op}{_PASSES.get(node.role, '')} produced {what} in job {graph.name!r} "
+            f"(check_numerics: the step stopped after this op){fused}")
+
+
+def _fused_sources(graph, kernel, node_id: int) -> list:
+    """The nodes of `kernel` that `node_id`'s value is computed from inside it (itself excluded;
+    constants too), in the kernel's order."""
+    inside = set(kernel.nodes())
+    needed, stack = set(), [node_id]
+    while stack:
+        for x in graph.node(stack.pop()).inputs:
+            if x in inside and x not in needed:
+                needed.add(x)
+                stack.append(x)
+    return [graph.node(n) for n in kernel.nodes() if n in needed and graph.node(n).op != "constant"]

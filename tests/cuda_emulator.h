@@ -90,6 +90,7 @@ inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
 }
 inline void __syncthreads() { emu::syncthreads(); }
 inline int atomicMax(int* p, int v) { int old = *p; if (v > old) *p = v; return old; }
+inline int atomicCAS(int* p, int compare, int v) { int old = *p; if (old == compare) *p = v; return old; }
 
 extern "C" void emu_launch(void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz,
                            unsigned bx, unsigned by, unsigned bz) {

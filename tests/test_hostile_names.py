@@ -119,6 +119,11 @@ def rendered_sources(file_name: str, job_name: str, layer: str, variable_suffix:
             out[f"{label}.cu"] = cuda.source
             out[f"{label}.cu.launches"] = "".join(f"{la.kernel} {la.grid} {la.block} {la.shared_bytes}\n"
                                                   for la in cuda.launches)
+            # check_numerics puts every stored node's `op @file:line` into more comments
+            out[f"{label}.checked.cpp"] = CppGenerator(program.graph, program.kernels, program.memory, "test",
+                                                       check_numerics=True).render().source
+            out[f"{label}.checked.cu"] = CudaGenerator(program.graph, program.kernels, program.memory, "test",
+                                                       arch="sm_90", check_numerics=True).render().source
     return out
 
 
@@ -169,8 +174,8 @@ def test_every_template_is_rendered(benign_sources):
     cuda_used: set[str] = {"step.cu.j2"}
     for job in (train, predict):
         program = lower(graph_of(job, Session()))
-        cuda_used |= set(CudaGenerator(program.graph, program.kernels, program.memory, "t", arch="sm_90")
-                         .render().templates)
+        cuda_used |= set(CudaGenerator(program.graph, program.kernels, program.memory, "t", arch="sm_90",
+                                       check_numerics=True).render().templates)
     assert cuda_used == {p.name for p in template_folder("cuda").glob("*.j2")}
 
 
@@ -371,7 +376,8 @@ def test_a_stale_bytecode_cache_cannot_skip_the_sanitiser(tmp_path, monkeypatch)
     assert list((tmp_path / "templates").iterdir()), "the old environment stored its bytecode"
     source = environment("cpu").get_template("step.cpp.j2").render(
         version="v", job=JOB_NAME_PAYLOAD, calls=[], copy_backs=[], profile=False, uses_gemm=False, uses_conv=False,
-        bindings=[], kernels=[], split=False, with_step=True, prototypes=[], checks=[])
+        bindings=[], kernels=[], split=False, with_step=True, prototypes=[], checks=[],
+        check_numerics=False, numerics=[])
     assert "constructor" in source.splitlines()[0] and source.splitlines()[1] == "//"
 
 

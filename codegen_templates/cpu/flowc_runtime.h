@@ -26,6 +26,16 @@ inline bool any_out_of_range(const L* labels, int64_t n, int64_t classes) {
   return bad;
 }
 
+// Is an element NaN or an infinity?  check_numerics scans each kernel's float outputs with it.
+// x - x is 0 for every finite x and NaN otherwise: comparisons only, as below, and the same test
+// as the device's in codegen_templates/cuda/flowc_cuda.h.
+template <class T>
+inline bool any_non_finite(const T* x, int64_t n) {
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) bad |= (x[i] - x[i]) != (T)0;
+  return bad;
+}
+
 // NaN-honest arithmetic, NumPy's semantics (the NumPy reference executor is the oracle; the same
 // helpers are in codegen_templates/cuda/flowc_cuda.h for the device).  Written with comparisons
 // only, so they stay exact without -ffast-math (which flowc never uses: it breaks `x != x`).

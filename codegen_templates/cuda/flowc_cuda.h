@@ -57,6 +57,19 @@ __device__ __forceinline__ T divide(T a, T b) {
   return a / b;
 }
 
+// check_numerics: does an element of x[0, n) hold a NaN or an infinity?  x - x is 0 for every
+// finite x and NaN otherwise (comparisons only, as on the CPU: flowc_runtime.h's any_non_finite).
+// The first check of a step that finds one sets the status to its code; a later one keeps it.
+template <class T, class I>
+__device__ __forceinline__ void check_finite(const T* x, I n, int* status, int code) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    if ((x[i] - x[i]) != (T)0) {
+      atomicCAS(status, 0, code);
+      return;
+    }
+  }
+}
+
 // __shfl_xor_sync has no overloads for 8/16-bit types: shuffle those as int.
 template <class T>
 __device__ __forceinline__ T shfl_xor(T v, int lane_mask) {

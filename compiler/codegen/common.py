@@ -24,7 +24,7 @@ from typing import Callable, ClassVar, Final
 import numpy as np
 
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, c_literal, code, code_format, code_lines
-from flowc.compiler.ir import Graph, c_type, is_number
+from flowc.compiler.ir import FLOAT_DTYPES, Graph, c_type, is_number
 from flowc.compiler.ops import OPS, OpRule
 from flowc.compiler.ops.pointwise import broadcast_strides
 from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
@@ -72,6 +72,7 @@ class GenerateOptions:
     profile: bool = False       # per-kernel timers
     tf32: bool = False          # float32 GEMMs on TF32 tensor cores, where the backend has them
     arch: str | None = None     # the device architecture, where the backend has them ("sm_90")
+    check_numerics: bool = False  # a NaN/Inf check of each stored float output after its kernel
 
 
 class Params:
@@ -115,16 +116,19 @@ class KernelGenerator:
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {}
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
-                 profile: bool = False) -> None:
+                 profile: bool = False, check_numerics: bool = False) -> None:
         self.graph, self.kernels, self.memory, self.version = graph, kernels, memory, version
         self.profile = profile
+        self.check_numerics = check_numerics
         self.error_nodes: dict[int, int] = {}
+        self.numerics_nodes: dict[int, int] = {}     # the error codes of numerics checks -> node id
         self.label_checks: list[LabelCheck] = []
 
     @classmethod
     def from_program(cls, program, options: GenerateOptions) -> KernelGenerator:
         """The generator for a lowered `Program` (compiler/program.py)."""
-        return cls(program.graph, program.kernels, program.memory, options.version, options.profile)
+        return cls(program.graph, program.kernels, program.memory, options.version, options.profile,
+                   check_numerics=options.check_numerics)
 
     def render(self):
         raise NotImplementedError
@@ -159,6 +163,21 @@ class KernelGenerator:
             assert isinstance(buf.key, int), buf      # an input's key is its placeholder index
             classes = self.graph.node(logits).type.shape[-1]
             self.label_checks.append(LabelCheck(buf.key, labels, classes, code))
+        return code
+
+    def numerics_checked(self, k: Kernel) -> list[int]:
+        """The outputs of kernel `k` that `check_numerics` scans after it: every float value it stores
+        (to the arena or to a variable: updated weights and optimizer state included).  Nothing when
+        the option is off, so the generated code is then exactly what it is without the option."""
+        if not self.check_numerics:
+            return []
+        return [n for n in k.nodes() if self.stored(n, k) and self.graph.node(n).type.dtype in FLOAT_DTYPES]
+
+    def numerics_code(self, node_id: int) -> int:
+        """A new error code for a NaN/Inf found in `node_id`'s value (the runtime names the node)."""
+        code = len(self.error_nodes) + 1
+        self.error_nodes[code] = node_id
+        self.numerics_nodes[code] = node_id
         return code
 
     def lowering(self, op: str) -> Lowering:

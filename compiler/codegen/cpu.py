@@ -44,6 +44,9 @@ class GeneratedStep:
     # The same step as translation units that compile in parallel (the last one holds flowc_step);
     # empty when `source` is compiled whole.  `source` stays the one file users read.
     parts: list[str] = field(default_factory=list)
+    # The error codes of check_numerics (a subset of `error_nodes`): code -> the node whose value has a
+    # NaN or an infinity.  Empty when the step was built without the option.
+    numerics_nodes: dict[int, int] = field(default_factory=dict)
 
 
 class CppGenerator(KernelGenerator):
@@ -69,8 +72,8 @@ class CppGenerator(KernelGenerator):
     }
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
-                 profile: bool = False) -> None:
-        super().__init__(graph, kernels, memory, version, profile)
+                 profile: bool = False, check_numerics: bool = False) -> None:
+        super().__init__(graph, kernels, memory, version, profile, check_numerics)
         self.bindings: list[tuple] = [("arena",)]
 
     # -- buffers ----------------------------------------------------------------------
@@ -89,6 +92,7 @@ class CppGenerator(KernelGenerator):
     # -- kernels ----------------------------------------------------------------------------
     def render(self) -> GeneratedStep:
         kernels, calls = [], []
+        numerics: list[list[CodeText]] = []     # per call: the NaN/Inf checks after it (check_numerics)
         for k in self.kernels:
             writes = {n for n in k.nodes() if self.stored(n, k)}
             params = Params(self, writes)
@@ -100,6 +104,8 @@ class CppGenerator(KernelGenerator):
                 calls.append(code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;"))
             else:
                 calls.append(code(f"{name}({args});"))
+            numerics.append([code(f"if (flowc::any_non_finite({self.pointer(n)}, {self.graph.node(n).type.size})) "
+                                  f"return {self.numerics_code(n)};") for n in self.numerics_checked(k)])
         checks = [{"labels": self.pointer(c.node), "rows": self.graph.node(c.node).type.size,
                    "classes": c.classes, "code": c.code} for c in self.label_checks]
         copy_backs = [{"dst": self.pointer_for_variable(var, node), "src": self.pointer(node),
@@ -107,7 +113,7 @@ class CppGenerator(KernelGenerator):
         uses_conv = any(k.kind == "window" and self.graph.node(k.anchor_id).op.startswith("conv2d")
                         for k in self.kernels)
         common = dict(version=self.version, job=self.graph.name, checks=checks, calls=calls, copy_backs=copy_backs,
-                      profile=self.profile,
+                      profile=self.profile, numerics=numerics, check_numerics=self.check_numerics,
                       uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),  # convs run on the GEMM
                       uses_conv=uses_conv, bindings=[describe_binding(b) for b in self.bindings])
         step = _env.get_template("step.cpp.j2")
@@ -121,7 +127,8 @@ class CppGenerator(KernelGenerator):
                                  if g is groups[-1] else [], **common)
                      for g in groups]
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes), list(self.label_checks),
-                             [k.name for k in self.kernels] if self.profile else [], parts)
+                             [k.name for k in self.kernels] if self.profile else [], parts,
+                             dict(self.numerics_nodes))
 
     def pointer_for_variable(self, var: str, node: int) -> CodeText:
         t = c_type(self.graph.node(node).type.dtype)

@@ -16,7 +16,8 @@ kernels plus a launch list the runtime replays in order on the job's stream:
 Every kernel parameter is a pointer; sizes and strides are literals in the source.  A launch
 argument names the buffer: ("arena", byte offset), ("input", i), ("variable", name),
 ("scalar", name), ("scratch", byte offset) or ("status",), the int the kernels that check
-their data (labels out of range) raise with atomicMax.
+their data (labels out of range) raise with atomicMax, and check_numerics' checks set (the first
+one wins) when a value holds a NaN or an infinity.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
-from flowc.compiler.codegen.sanitise import c_identifier, code, code_lines
+from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
 from flowc.compiler.ir import Graph, c_type
@@ -59,6 +60,9 @@ class Launch:
     block: tuple[int, int, int]
     shared_bytes: int
     args: tuple[tuple, ...]
+    # A check_numerics launch: the runtime reads the status after it and stops the step when it is set.
+    # Out of the repr, which tests/golden records: a step built without the option reads as before.
+    checks_status: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class GeneratedCudaStep:
     scratch_bytes: int = 0           # one scratch buffer per job, shared by the kernels (they run in order)
     templates: list[str] = field(default_factory=list)   # the template of each kernel, in kernel order
     tensor_cores: bool = False       # GEMMs on TF32 tensor cores
+    numerics_nodes: dict[int, int] = field(default_factory=dict)   # check_numerics codes -> node id
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -125,8 +130,8 @@ class CudaGenerator(KernelGenerator):
     }
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
-                 profile: bool = False, tf32: bool = False, arch: str = "sm_80") -> None:
-        super().__init__(graph, kernels, memory, version, profile)
+                 profile: bool = False, tf32: bool = False, arch: str = "sm_80", check_numerics: bool = False) -> None:
+        super().__init__(graph, kernels, memory, version, profile, check_numerics)
         self.arch = arch
         self.tensor_cores = tf32 and arch_number(arch) >= 80
         self.notes: list[str] = []
@@ -142,7 +147,7 @@ class CudaGenerator(KernelGenerator):
     def from_program(cls, program, options: GenerateOptions) -> CudaGenerator:
         assert options.arch is not None, "the CUDA generator needs the arch it generates for"
         return cls(program.graph, program.kernels, program.memory, options.version, options.profile,
-                   tf32=options.tf32, arch=options.arch)
+                   tf32=options.tf32, arch=options.arch, check_numerics=options.check_numerics)
 
     # -- buffers --------------------------------------------------------------------------
     def binding(self, node_id: int) -> tuple:
@@ -170,6 +175,10 @@ class CudaGenerator(KernelGenerator):
             text, kernel_launches = getattr(self, self.KIND_METHODS[k.kind])(k, params)
             sources.append(text)
             launches.extend(kernel_launches)
+            for n in self.numerics_checked(k):
+                text, launch = self._numerics_check(k, n)
+                sources.append(text)
+                launches.append(launch)
         copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
                   for node, var in self.memory.copy_back]
         bindings: list[tuple] = [("arena",)]
@@ -182,7 +191,20 @@ class CudaGenerator(KernelGenerator):
             uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
         return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes), list(self.label_checks),
                                  [la.kernel for la in launches] if self.profile else [],
-                                 self.scratch_bytes, list(self.templates), self.tensor_cores)
+                                 self.scratch_bytes, list(self.templates), self.tensor_cores,
+                                 dict(self.numerics_nodes))
+
+    def _numerics_check(self, k: Kernel, node_id: int) -> tuple[str, Launch]:
+        """check_numerics after kernel `k`: a kernel scanning the value of `node_id` it stored."""
+        node = self.graph.node(node_id)
+        name = f"{k.name}_check_{node_id}"
+        text = self._template("check_numerics.cu.j2", name=c_identifier(name),
+                              comment=code_format("{}: check_numerics of %{} {} @{}", c_identifier(name), node_id,
+                                                  code(node.op), node.loc),
+                              T=code(c_type(node.type.dtype)), X=code(f"b{node_id}"), size=node.type.size,
+                              I=code(self._index_type(node.type.size)), code=self.numerics_code(node_id), block=BLOCK)
+        return text, Launch(name, _grid_1d(node.type.size), (BLOCK, 1, 1), 0, (self.binding(node_id), ("status",)),
+                            checks_status=True)
 
     # -- pointwise ----------------------------------------------------------------------------
     def _pointwise(self, k: Kernel, params: Params):
