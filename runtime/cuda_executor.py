@@ -220,19 +220,21 @@ class CudaLoadedStep(LoadedStep):
 
     # -- a step --------------------------------------------------------------------------
     def feed(self, slot: CudaSlot, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
-        """Copy the caller's arrays into `slot`'s staging buffers and queue their upload."""
-        for host, a in zip(slot.inputs, arrays):
+        """Copy the caller's arrays and this step's scalars into `slot`'s staging buffers and queue
+        the upload of what was given: a train step's scalars come in a second feed when the step
+        runs (ReadyStep.compute), which must not upload the inputs again."""
+        fed = [(host, dev) for host, dev, a in zip(slot.inputs, slot.device_inputs, arrays)]
+        for (host, _), a in zip(fed, arrays):
             np.copyto(host, a, casting="same_kind")
-        if scalars:
-            for name, value in scalars.items():
-                if name in slot.scalars:
-                    slot.scalars[name][...] = value
+        given = [name for name in (scalars or {}) if name in slot.scalars]
+        for name in given:
+            slot.scalars[name][...] = scalars[name]      # type: ignore[index]
         with self.device.current():
-            for host, dev in zip(slot.inputs, slot.device_inputs):
+            for host, dev in fed:
                 if host.size:
                     cuda.memcpy_htod_async(dev, host, self.copy_stream)
-            for name, host in slot.scalars.items():
-                cuda.memcpy_htod_async(slot.device_scalars[name], host, self.copy_stream)
+            for name in given:
+                cuda.memcpy_htod_async(slot.device_scalars[name], slot.scalars[name], self.copy_stream)
             slot.fed.record(self.copy_stream)
 
     def compute_borrowed(self, slot: CudaSlot, arrays: Sequence[np.ndarray],
