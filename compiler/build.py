@@ -25,13 +25,15 @@ class TracedJob:
 
 
 def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequence, result_spec,
-                    session, config) -> TracedJob:
+                    session, config, pack_arguments: Callable[[list], list] | None = None) -> TracedJob:
     """Trace `fn` on placeholder Blobs and complete its graph.
 
     The compiler sits below the runtime and never imports it: what it needs of the runtime's
     objects is their methods: `result_spec.flatten(value, where)` (the Blobs the job returns and
     how to rebuild its result), `session.declare_variable(...)` and
     `session.declare_state_variable(name, type, loc)` (an optimizer's zero-initialized state).
+    A placeholder with a true `is_dynamic` (a mirrored input) makes the Blobs computed from it dynamic
+    (`Blob.is_dynamic`); `pack_arguments` turns the flat placeholder Blobs into `fn`'s arguments.
     """
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
     code = fn.__code__
@@ -40,7 +42,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
         args = [emit("input", [], {"index": i, "shape": p.shape, "dtype": p.dtype}, name=p.name,
                      loc=signature_line) for i, p in enumerate(placeholders)]
         ctx.placeholders = [a.id for a in args]
-        result = fn(*args)
+        ctx.dynamic_inputs = {a.id for a, p in zip(args, placeholders) if getattr(p, "is_dynamic", False)}
+        result = fn(*(pack_arguments(args) if pack_arguments is not None else args))
     where = f"job function {name!r} ({signature_line})"
     flat, layout = result_spec.flatten(result, where)
     optimizer, loss = _training_target(ctx, config, where)

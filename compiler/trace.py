@@ -59,6 +59,7 @@ class TraceContext:
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
+    dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property
@@ -179,6 +180,45 @@ class Blob:
 
     def __repr__(self) -> str:
         return f"Blob(%{self.id}: {self.type})"
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether the Blob is computed from a mirrored input (`tp.ListNumpy.Placeholder`), whose arrays
+        may be smaller than declared.  flowc traces such a job for the shapes it is called with, so
+        `.shape` is the actual shape, where OneFlow reports the declared maximum."""
+        if not self.ctx.dynamic_inputs:
+            return False
+        nodes, seen, todo = self.ctx.builder.nodes, set(), [self.id]
+        while todo:
+            node_id = todo.pop()
+            if node_id in self.ctx.dynamic_inputs:
+                return True
+            if node_id not in seen:
+                seen.add(node_id)
+                todo.extend(nodes[node_id].inputs)
+        return False
+
+    @property
+    def is_tensor_list(self) -> bool:
+        """OneFlow's tensor-list blobs; flowc joins a tensor-list input into one tensor."""
+        return False
+
+    def with_distribute(self, distribute) -> Blob:
+        """`blob.with_distribute(flow.distribute.split(0))`: a parallel-distribution hint.  On one
+        device every distribution is the whole blob, so the hint is checked and the Blob returned."""
+        from flowc.compiler.distribute import check_distribute
+        check_distribute(distribute, self, "Blob.with_distribute")
+        return self
+
+    def with_split_distribute(self, axis: int) -> Blob:
+        """`blob.with_split_distribute(axis)`, the same as `with_distribute(flow.distribute.split(axis))`."""
+        from flowc.compiler.distribute import Split
+        return self.with_distribute(Split(axis))
+
+    def with_broadcast_distribute(self) -> Blob:
+        """`blob.with_broadcast_distribute()`, the same as `with_distribute(flow.distribute.broadcast())`."""
+        from flowc.compiler.distribute import Broadcast
+        return self.with_distribute(Broadcast())
 
     def _binary(self, op: str, other: Any, api: str, reverse: bool = False) -> Blob:
         other = as_blob(other, self, api)

@@ -129,8 +129,24 @@ class LocalBlob:
     def __init__(self, array: np.ndarray) -> None:
         self._array = array
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, parallel_id: int | None = None) -> np.ndarray:
+        """The array; `parallel_id` (a device's index) may only be 0 or None on one device."""
+        if parallel_id not in (None, 0):
+            raise IndexError(f"LocalBlob.numpy: parallel_id {parallel_id!r} is out of range; flowc runs on one "
+                             "device (parallel_id 0)")
         return self._array
+
+    def numpy_list(self) -> list[np.ndarray]:
+        """The array of each device: `[blob.numpy()]` on one device.
+
+        Example:
+            losses = train_job(images, labels).get().numpy_list()
+        """
+        return [self._array]
+
+    def ndarray_list(self) -> list[np.ndarray]:
+        warnings.warn("LocalBlob.ndarray_list() is deprecated; use .numpy_list()", DeprecationWarning, stacklevel=2)
+        return [self._array]
 
     def ndarray(self) -> np.ndarray:
         warnings.warn("LocalBlob.ndarray() is deprecated; use .numpy()", DeprecationWarning, stacklevel=2)

@@ -6,6 +6,7 @@ and returns the results in the shape the return annotation promises.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import threading
@@ -26,7 +27,7 @@ from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
 from flowc.runtime.pipeline import running_callback_of
 from flowc.runtime.register import Register
 from flowc.runtime.session import default_session
-from flowc.runtime.signature import placeholders_of, rebuild_result, result_spec_of
+from flowc.runtime.signature import PlaceholderSpec, pack_arguments, parameters_of, rebuild_result, result_spec_of
 
 if TYPE_CHECKING:
     from flowc.compiler.build import TracedJob
@@ -196,7 +197,11 @@ class JobFunction:
         self.name = fn.__name__
         self.job_type = job_type
         self.config = config
-        self.placeholders = placeholders_of(fn)
+        self.placeholders, self.parameters = parameters_of(fn)
+        # A job with mirrored (dynamic) inputs runs each call on a build for the shapes it was given:
+        # one JobFunction per shape, traced, compiled (through the cache) and loaded on first use.
+        self._variants: dict[tuple, JobFunction] = {}
+        self._variant_of: JobFunction | None = None
         self.result_spec, self.asynchronous = result_spec_of(fn)
         self.old_api = self.result_spec.kind == "auto"
         # Threads may make their first calls at once: the lock makes one of them trace, compile and
@@ -255,7 +260,8 @@ class JobFunction:
                 start = time.perf_counter()
                 with _build_lock:
                     traced = build_job_graph(self.name, self.job_type, self.fn, self.placeholders,
-                                             self.result_spec, session, self.config)
+                                             self.result_spec, session, self.config,
+                                             lambda flat: pack_arguments(self.parameters, flat))
                 self._trace_seconds = time.perf_counter() - start
                 self._traced = traced
                 self._session = session
@@ -351,6 +357,12 @@ class JobFunction:
         a callback registrar (`-> tp.Callback[T]`) or a future (no annotation, the old API)."""
         refuse_job_call_while_tracing(self.name)
         arrays = self._bind(args, kwargs)
+        shapes = tuple(a.shape for a in arrays)
+        if shapes != tuple(p.shape for p in self.placeholders):
+            return self._variant(shapes)._call_bound(arrays)
+        return self._call_bound(arrays)
+
+    def _call_bound(self, arrays: list[np.ndarray]) -> Any:
         ready = self._begin_call()
         try:
             pipeline = ready.session.pipeline
@@ -394,8 +406,27 @@ class JobFunction:
             if ready.session.begin_call():
                 return ready
 
+    def _variant(self, shapes: tuple) -> JobFunction:
+        """The build of this job for mirrored inputs of other shapes than declared.  It shares the
+        job's name (and so its variables, step counter and checkpoints) and its configuration."""
+        with self._lock:
+            variant = self._variants.get(shapes)
+            if variant is None:
+                variant = JobFunction(self.fn, self.job_type, self.config)
+                variant.placeholders = [dataclasses.replace(p, shape=shape)
+                                        for p, shape in zip(self.placeholders, shapes)]
+                variant._variant_of = self
+                self._variants[shapes] = variant
+                if len(self._variants) == _MANY_VARIANTS:
+                    warnings.warn(f"job {self.name!r} was called with mirrored inputs of {_MANY_VARIANTS} "
+                                  "different shapes, and each shape compiles once; pad the inputs to a few "
+                                  "sizes to compile less", RuntimeWarning, stacklevel=_user_stacklevel())
+            return variant
+
     def _bind(self, args: tuple, kwargs: dict) -> list[np.ndarray]:
-        names = [p.name for p in self.placeholders]
+        """The call's arrays, one per placeholder (Tuple parameters flattened), checked against their
+        declarations: a tp.Numpy input has the declared shape; a mirrored one may be smaller."""
+        names = [name for name, _ in self.parameters]
         if len(args) > len(names):
             raise JobCallError(f"job {self.name!r} takes {len(names)} argument(s) ({', '.join(names)}), "
                                f"got {len(args) + len(kwargs)}")
@@ -410,35 +441,86 @@ class JobFunction:
         if missing:
             raise JobCallError(f"job {self.name!r} takes {len(names)} argument(s) ({', '.join(names)}), "
                                f"missing {', '.join(missing)}")
-        arrays = []
-        for p in self.placeholders:
-            value = bound[p.name]
-            if p.as_list:      # ListNumpy.Placeholder: one array per device, and flowc has one device
-                if not isinstance(value, (list, tuple)) or len(value) != 1:
-                    raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a ListNumpy placeholder: "
-                                       f"pass a list with one numpy.ndarray, got {type(value).__name__}"
-                                       + (f" of {len(value)}" if isinstance(value, (list, tuple)) else ""))
-                value = value[0]
-            if not isinstance(value, np.ndarray):
-                raise JobCallError(f"job {self.name!r}: argument {p.name!r} must be a numpy.ndarray of shape "
-                                   f"{p.shape} and dtype {p.dtype}, got {type(value).__name__}")
-            if value.shape != p.shape:
-                raise ValueError(f"job {self.name!r}: argument {p.name!r} must have shape {p.shape} "
-                                 f"(its placeholder), got {value.shape}")
-            target = numpy_dtype(p.dtype)
-            if value.dtype != target and not np.can_cast(value.dtype, target, casting="same_kind"):
-                raise JobCallError(f"job {self.name!r}: argument {p.name!r} has dtype {value.dtype}, which cannot "
-                                   f"be converted to the placeholder's {p.dtype} without changing its kind; "
-                                   f"convert it explicitly (e.g. .astype(np.{p.dtype}))")
-            if target.kind in "iu" and value.dtype.kind in "iu" and value.size and \
-                    not np.can_cast(value.dtype, target, casting="safe"):
-                info = np.iinfo(target)
-                low, high = value.min(), value.max()
-                if low < info.min or high > info.max:
-                    raise ValueError(f"job {self.name!r}: argument {p.name!r} holds values in [{low}, {high}], "
-                                     f"outside the range of the placeholder's {p.dtype}")
-            arrays.append(value)
-        return arrays
+        declared = self._variant_of.placeholders if self._variant_of is not None else self.placeholders
+        flat: list = [None] * len(declared)
+
+        def unpack(layout, value, where: str) -> None:
+            if isinstance(layout, int):
+                flat[layout] = value
+                return
+            if not isinstance(value, (tuple, list)) or len(value) != len(layout):
+                raise JobCallError(f"job {self.name!r}: argument {where} is a Tuple of {len(layout)} inputs: "
+                                   f"pass a tuple of {len(layout)}, got {_describe_value(value)}")
+            for k, (inner, item) in enumerate(zip(layout, value)):
+                unpack(inner, item, f"{where}[{k}]")
+
+        for name, layout in self.parameters:
+            unpack(layout, bound[name], repr(name))
+        return [self._check_argument(p, value) for p, value in zip(declared, flat)]
+
+    def _check_argument(self, p: PlaceholderSpec, value: Any) -> np.ndarray:
+        if p.kind == "list":      # one array per device, and flowc has one device
+            value = self._one_device(p, value, "a list with one numpy.ndarray")
+        elif p.kind == "list_list":
+            value = self._one_device(p, value, "a list with one list of numpy.ndarrays")
+            value = self._join_tensor_list(p, value)
+        if not isinstance(value, np.ndarray):
+            raise JobCallError(f"job {self.name!r}: argument {p.name!r} must be a numpy.ndarray of shape "
+                               f"{p.shape} and dtype {p.dtype}, got {type(value).__name__}")
+        if p.is_dynamic:
+            if value.ndim != len(p.shape) or value.size > _count(p.shape):
+                raise ValueError(f"job {self.name!r}: argument {p.name!r} must have {len(p.shape)} dims and at "
+                                 f"most the {_count(p.shape)} elements of its placeholder's shape {p.shape}, "
+                                 f"got {value.shape}")
+        elif value.shape != p.shape:
+            raise ValueError(f"job {self.name!r}: argument {p.name!r} must have shape {p.shape} "
+                             f"(its placeholder), got {value.shape}")
+        target = numpy_dtype(p.dtype)
+        if value.dtype != target and not np.can_cast(value.dtype, target, casting="same_kind"):
+            raise JobCallError(f"job {self.name!r}: argument {p.name!r} has dtype {value.dtype}, which cannot "
+                               f"be converted to the placeholder's {p.dtype} without changing its kind; "
+                               f"convert it explicitly (e.g. .astype(np.{p.dtype}))")
+        if target.kind in "iu" and value.dtype.kind in "iu" and value.size and \
+                not np.can_cast(value.dtype, target, casting="safe"):
+            info = np.iinfo(target)
+            low, high = value.min(), value.max()
+            if low < info.min or high > info.max:
+                raise ValueError(f"job {self.name!r}: argument {p.name!r} holds values in [{low}, {high}], "
+                                 f"outside the range of the placeholder's {p.dtype}")
+        return value
+
+    def _one_device(self, p: PlaceholderSpec, value: Any, what: str) -> Any:
+        if not isinstance(value, (list, tuple)) or len(value) != 1:
+            kind = "ListNumpy" if p.kind == "list" else "ListListNumpy"
+            raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a {kind} placeholder: pass {what} "
+                               f"(one device), got {_describe_value(value)}")
+        return value[0]
+
+    def _join_tensor_list(self, p: PlaceholderSpec, value: Any) -> np.ndarray:
+        if not isinstance(value, (list, tuple)) or not value or \
+                not all(isinstance(a, np.ndarray) for a in value):
+            raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a ListListNumpy placeholder: its "
+                               f"device entry must be a non-empty list of numpy.ndarrays, got {_describe_value(value)}")
+        if any(a.ndim != len(p.shape) or a.shape[1:] != value[0].shape[1:] for a in value):
+            raise ValueError(f"job {self.name!r}: argument {p.name!r}: the arrays of a tensor list must have "
+                             f"{len(p.shape)} dims and agree past axis 0, got {[a.shape for a in value]}")
+        return np.concatenate(value, axis=0)
+
+
+_MANY_VARIANTS = 8      # mirrored-input shapes of one job past which a warning suggests padding
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    total = 1
+    for d in shape:
+        total *= d
+    return total
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
 
 
 def _runtime_scalars(traced, step: int) -> dict[str, float]:

@@ -16,33 +16,73 @@ from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import dtype_name
 
 
+# How a placeholder's argument is passed (OneFlow's three kinds of input blob definitions):
+#   numpy:      one ndarray of exactly the declared shape (a consistent, static blob);
+#   list:       `tp.ListNumpy`, a list with one ndarray per device (a mirrored blob), which may be
+#               smaller than declared: same rank, at most as many elements (a dynamic blob);
+#   list_list:  `tp.ListListNumpy`, a list per device of a list of ndarrays (a tensor list), together
+#               at most as many elements as declared.
+PLACEHOLDER_KINDS = ("numpy", "list", "list_list")
+
+
 @dataclass(frozen=True)
 class PlaceholderSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str          # IR dtype name
-    as_list: bool = False   # ListNumpy.Placeholder: the argument is a list of one array (one device)
+    kind: str = "numpy"     # one of PLACEHOLDER_KINDS
+    batch_axis: int | None = 0
+
+    @property
+    def as_list(self) -> bool:
+        """The argument comes as a list with one entry per device (one device here)."""
+        return self.kind != "numpy"
+
+    @property
+    def is_dynamic(self) -> bool:
+        """A mirrored input: its arrays may be smaller than the declared shape."""
+        return self.kind != "numpy"
 
 
 class NumpyPlaceholder:
-    """What `tp.Numpy.Placeholder(shape, dtype)` returns: the declaration of one input."""
+    """What `tp.Numpy.Placeholder(shape, dtype, batch_axis=0)` returns: the declaration of one input.
 
-    def __init__(self, shape, dtype=dtypes.float32) -> None:
+    `batch_axis` (an axis or None) says which axis holds the samples; on one device it only is
+    checked and recorded.
+    """
+    kind = "numpy"
+
+    def __init__(self, shape, dtype=dtypes.float32, batch_axis: int | None = 0) -> None:
+        what = f"{type(self).__qualname__.replace('Placeholder', '.Placeholder')}"
         try:
             self.shape = tuple(int(d) for d in shape)
         except TypeError:
-            raise TypeError(f"Numpy.Placeholder: shape must be a tuple of ints, got {shape!r}") from None
+            raise TypeError(f"{what}: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 0 for d in self.shape):
-            raise ValueError(f"Numpy.Placeholder: shape must not have negative dims, got {self.shape}")
+            raise ValueError(f"{what}: shape must not have negative dims, got {self.shape}")
         self.dtype = dtype_name(dtype)
+        if batch_axis is not None:
+            if isinstance(batch_axis, bool) or not isinstance(batch_axis, int) or \
+                    not -len(self.shape) <= batch_axis < max(len(self.shape), 1):
+                raise ValueError(f"{what}: batch_axis must be None or an axis of the shape {self.shape}, "
+                                 f"got {batch_axis!r}")
+            batch_axis %= max(len(self.shape), 1)
+        self.batch_axis = batch_axis
 
     def __repr__(self) -> str:
-        return f"Numpy.Placeholder({self.shape}, dtype=flow.{self.dtype})"
+        kind = {"numpy": "Numpy", "list": "ListNumpy", "list_list": "ListListNumpy"}[self.kind]
+        return f"{kind}.Placeholder({self.shape}, dtype=flow.{self.dtype})"
 
 
 class ListNumpyPlaceholder(NumpyPlaceholder):
-    """What `tp.ListNumpy.Placeholder(shape, dtype)` returns: a mirrored input, one array per device."""
-    as_list = True
+    """What `tp.ListNumpy.Placeholder(shape, dtype)` returns: a mirrored input, one array per device,
+    each at most the declared shape (a dynamic blob: see `JobFunction` on how it is compiled)."""
+    kind = "list"
+
+
+class ListListNumpyPlaceholder(NumpyPlaceholder):
+    """What `tp.ListListNumpy.Placeholder(shape, dtype)` returns: a tensor list per device."""
+    kind = "list_list"
 
 
 class Numpy:
@@ -63,6 +103,21 @@ class ListNumpy:
     Placeholder = ListNumpyPlaceholder
 
 
+class ListListNumpy:
+    """Annotation for a result returned as a list per device of a list of `numpy.ndarray` (a tensor
+    list).  flowc has one device and returns each blob as a list of one array: `[[array]]`.
+
+    An input declared `tp.ListListNumpy.Placeholder(shape)` takes `[[a, b, ...]]`: arrays of the
+    declared rank holding at most the declared number of elements together.  The job sees them
+    joined along axis 0, the way a tensor list lays out its data.
+
+    Example:
+        def job(x: tp.ListListNumpy.Placeholder((8, 4))) -> tp.ListListNumpy: ...
+        job([[np.ones((3, 4), np.float32), np.ones((2, 4), np.float32)]])   # [[array of shape (5, 4)]]
+    """
+    Placeholder = ListListNumpyPlaceholder
+
+
 class _Subscriptable:
     """`tp.Callback[T]` and `tp.Bundle[T]` as annotations that remember T."""
 
@@ -80,19 +135,55 @@ Callback = _Subscriptable("Callback")   # -> tp.Callback[T]: asynchronous call, 
 Bundle = _Subscriptable("Bundle")       # -> tp.Bundle[T]: T, or any nesting of tuples/lists/dicts of T
 
 
+# A parameter's layout: the index of its placeholder in the flat list, or, for a parameter annotated
+# `Tuple[tp.Numpy.Placeholder(...), ...]` (nesting allowed), a tuple of layouts.
+ParamLayout = Any
+
+
 def placeholders_of(fn: Callable) -> list[PlaceholderSpec]:
-    """Every parameter must be annotated with a placeholder (or have one as default)."""
-    specs = []
+    """The job's placeholders in order (the members of Tuple-annotated parameters flattened)."""
+    return parameters_of(fn)[0]
+
+
+def parameters_of(fn: Callable) -> tuple[list[PlaceholderSpec], list[tuple[str, ParamLayout]]]:
+    """(the flat placeholders, each parameter's name and layout).  Every parameter must be annotated
+    with a placeholder, a `typing.Tuple` of them, or have a placeholder as default value (old API)."""
+    specs: list[PlaceholderSpec] = []
     hints = _annotations(fn)
+
+    def leaf(decl: NumpyPlaceholder, name: str) -> int:
+        specs.append(PlaceholderSpec(name, decl.shape, decl.dtype, decl.kind, decl.batch_axis))
+        return len(specs) - 1
+
+    def walk(decl: Any, name: str, param: str) -> ParamLayout:
+        if isinstance(decl, NumpyPlaceholder):
+            return leaf(decl, name)
+        if typing.get_origin(decl) is tuple:
+            members = typing.get_args(decl)
+            if not members or Ellipsis in members:
+                raise TypeError(f"job function {fn.__name__!r}: parameter {param!r}: Tuple[...] must list "
+                                f"one placeholder per member, got {decl!r}")
+            return tuple(walk(m, f"{name}_{i}", param) for i, m in enumerate(members))
+        raise TypeError(f"job function {fn.__name__!r}: parameter {param!r} needs an annotation such as "
+                        f"tp.Numpy.Placeholder((100, 784), dtype=flow.float) or a Tuple of them, got {decl!r}")
+
+    layouts = []
     for p in inspect.signature(fn).parameters.values():
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY, p.KEYWORD_ONLY):
+            raise TypeError(f"job function {fn.__name__!r}: parameter {p.name!r}: *args and **kwargs "
+                            "cannot be job inputs; declare one parameter per input")
         decl = hints.get(p.name, p.annotation)
         if not isinstance(decl, NumpyPlaceholder) and isinstance(p.default, NumpyPlaceholder):
             decl = p.default
-        if not isinstance(decl, NumpyPlaceholder):
-            raise TypeError(f"job function {fn.__name__!r}: parameter {p.name!r} needs an annotation such as "
-                            f"tp.Numpy.Placeholder((100, 784), dtype=flow.float), got {decl!r}")
-        specs.append(PlaceholderSpec(p.name, decl.shape, decl.dtype, getattr(decl, "as_list", False)))
-    return specs
+        layouts.append((p.name, walk(decl, p.name, p.name)))
+    return specs, layouts
+
+
+def pack_arguments(layouts: list[tuple[str, ParamLayout]], flat: list) -> list:
+    """The job function's arguments from the flat placeholders: tuples where a parameter is a Tuple."""
+    def pack(layout: ParamLayout):
+        return flat[layout] if isinstance(layout, int) else tuple(pack(x) for x in layout)
+    return [pack(layout) for _, layout in layouts]
 
 
 def _annotations(fn: Callable) -> dict[str, Any]:
@@ -122,9 +213,14 @@ def _has_value(cell) -> bool:
 
 # --- results ----------------------------------------------------------------------------
 
+_LEAF_NAMES = {"numpy": "tp.Numpy", "list_numpy": "tp.ListNumpy", "list_list_numpy": "tp.ListListNumpy",
+               "auto": "Blobs"}
+
+
 @dataclass(frozen=True)
 class ResultSpec:
-    """The shape of a job's result: kind is numpy | list_numpy | tuple | list | dict | bundle | none,
+    """The shape of a job's result: kind is numpy | list_numpy | list_list_numpy | tuple | list | dict |
+    bundle | none,
     or auto (no annotation: the old `.get()` API, any nesting of Blobs)."""
     kind: str
     items: tuple[ResultSpec, ...] = ()
@@ -134,8 +230,8 @@ class ResultSpec:
         return flatten_result(self, value, where)
 
     def describe(self) -> str:
-        if self.kind in ("numpy", "list_numpy", "auto"):
-            return {"numpy": "tp.Numpy", "list_numpy": "tp.ListNumpy", "auto": "Blobs"}[self.kind]
+        if self.kind in _LEAF_NAMES:
+            return _LEAF_NAMES[self.kind]
         if self.kind == "none":
             return "None"
         inner = ", ".join(i.describe() for i in self.items)
@@ -165,6 +261,8 @@ def parse_result(ann: Any, job: str) -> ResultSpec:
         return ResultSpec("numpy")
     if ann is ListNumpy:
         return ResultSpec("list_numpy")
+    if ann is ListListNumpy:
+        return ResultSpec("list_list_numpy")
     if isinstance(ann, _Subscriptable) and ann.name == "Bundle" and ann.inner is not None:
         return ResultSpec("bundle", (parse_result(ann.inner, job),))
     origin, args = typing.get_origin(ann), typing.get_args(ann)
@@ -197,11 +295,12 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
             if v is None and s.kind == "auto":
                 return None
             return walk(leaf, v, path)
-        if s.kind == "list_numpy":
+        if s.kind in ("list_numpy", "list_list_numpy"):
             if not isinstance(v, Blob):
-                raise TraceError(f"{where}: result{path} is annotated tp.ListNumpy but is {type(v).__name__}")
+                raise TraceError(f"{where}: result{path} is annotated {_LEAF_NAMES[s.kind]} but is "
+                                 f"{type(v).__name__}")
             flat.append(v)
-            return PerDevice(len(flat) - 1)
+            return PerDevice(len(flat) - 1, tensor_list=s.kind == "list_list_numpy")
         if s.kind == "numpy":
             if not isinstance(v, Blob):
                 raise TraceError(f"{where}: result{path} is annotated tp.Numpy but is {type(v).__name__}, "
@@ -226,8 +325,10 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
 
 @dataclass(frozen=True)
 class PerDevice:
-    """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (one device here)."""
+    """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (one device here);
+    of a `tp.ListListNumpy` result (tensor_list): a list per device of a list of arrays."""
     index: int
+    tensor_list: bool = False
 
 
 def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = lambda a: a) -> Any:
@@ -235,7 +336,8 @@ def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = lambd
     if layout is None:
         return None
     if isinstance(layout, PerDevice):
-        return [leaf(arrays[layout.index])]
+        value = leaf(arrays[layout.index])
+        return [[value]] if layout.tensor_list else [value]
     if isinstance(layout, int):
         return leaf(arrays[layout])
     if isinstance(layout, (tuple, list)):
