@@ -52,7 +52,7 @@ __all__ = [
     "xavier_uniform_initializer", "zeros_initializer",
     # job functions and the session
     "FunctionConfig", "function_config", "global_function", "clear_default_session", "sync_default_session",
-    "compile_cache_stats", "fixed_placement", "FixedTensorDef",
+    "compile_cache_stats", "fixed_placement", "FixedTensorDef", "MirroredTensorDef", "MirroredTensorListDef",
 ]
 
 __version__ = "0.1.0"
@@ -109,7 +109,34 @@ def FixedTensorDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802
     _warnings.warn("flow.FixedTensorDef is deprecated; annotate the parameter with tp.Numpy.Placeholder",
                    DeprecationWarning, stacklevel=2)
     from flowc.runtime.signature import NumpyPlaceholder
-    return NumpyPlaceholder(shape, dtype)
+    return NumpyPlaceholder(shape, dtype, batch_axis, name)
+
+
+def MirroredTensorDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802 - OneFlow's name
+    """Deprecated mirrored placeholder of the old API: `tp.ListNumpy.Placeholder` as a default value.
+
+    Example:
+        @flow.global_function()
+        def job(x=flow.MirroredTensorDef((4,), dtype=flow.float)): ...
+        job([np.ones(3, np.float32)])         # a list with one array, at most the declared size
+    """
+    _warnings.warn("flow.MirroredTensorDef is deprecated; annotate the parameter with tp.ListNumpy.Placeholder",
+                   DeprecationWarning, stacklevel=2)
+    from flowc.runtime.signature import ListNumpyPlaceholder
+    return ListNumpyPlaceholder(shape, dtype, batch_axis, name)
+
+
+def MirroredTensorListDef(shape, dtype=float32, batch_axis=0, name=None):  # noqa: N802 - OneFlow's name
+    """Deprecated tensor-list placeholder of the old API: `tp.ListListNumpy.Placeholder` as a default.
+
+    Example:
+        @flow.global_function()
+        def job(x=flow.MirroredTensorListDef((4,), dtype=flow.float)): ...
+    """
+    _warnings.warn("flow.MirroredTensorListDef is deprecated; annotate the parameter with "
+                   "tp.ListListNumpy.Placeholder", DeprecationWarning, stacklevel=2)
+    from flowc.runtime.signature import ListListNumpyPlaceholder
+    return ListListNumpyPlaceholder(shape, dtype, batch_axis, name)
 
 
 # The compiler and the step runtime load with `flow`, as a framework's kernels load with it: a

@@ -48,11 +48,12 @@ class NumpyPlaceholder:
     """What `tp.Numpy.Placeholder(shape, dtype, batch_axis=0)` returns: the declaration of one input.
 
     `batch_axis` (an axis or None) says which axis holds the samples; on one device it only is
-    checked and recorded.
+    checked and recorded.  `name` names the input op in OneFlow; flowc names inputs after their
+    parameters and keeps `name` for display only.
     """
     kind = "numpy"
 
-    def __init__(self, shape, dtype=dtypes.float32, batch_axis: int | None = 0) -> None:
+    def __init__(self, shape, dtype=dtypes.float32, batch_axis: int | None = 0, name: str | None = None) -> None:
         what = f"{type(self).__qualname__.replace('Placeholder', '.Placeholder')}"
         try:
             self.shape = tuple(int(d) for d in shape)
@@ -68,6 +69,9 @@ class NumpyPlaceholder:
                                  f"got {batch_axis!r}")
             batch_axis %= max(len(self.shape), 1)
         self.batch_axis = batch_axis
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{what}: name must be a str or None, got {type(name).__name__}")
+        self.name = name
 
     def __repr__(self) -> str:
         kind = {"numpy": "Numpy", "list": "ListNumpy", "list_list": "ListListNumpy"}[self.kind]

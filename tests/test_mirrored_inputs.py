@@ -164,3 +164,25 @@ def test_a_split_axis_outside_the_blob_is_an_error_naming_the_line():
 
     with pytest.raises(TraceError, match=r"test_mirrored_inputs.py:\d+: Blob.with_distribute: split axis 3"):
         job(np.zeros((4, 2), np.float32))
+
+
+def test_a_placeholder_may_carry_oneflow_s_name_argument():
+    @flow.global_function(type="predict")
+    def job(images: tp.Numpy.Placeholder((2,), dtype=flow.float, name="myimages")) -> tp.Numpy:
+        return images + 1.0
+
+    np.testing.assert_array_equal(job(np.zeros(2, np.float32)), np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="name must be a str"):
+        tp.Numpy.Placeholder((2,), name=3)
+
+
+def test_the_old_api_s_mirrored_tensor_def_takes_a_smaller_list():
+    with pytest.warns(DeprecationWarning, match="MirroredTensorDef"):
+        placeholder = flow.MirroredTensorDef((4,), dtype=flow.float)
+
+    @flow.global_function()
+    def job(x=placeholder):
+        return x * 2.0
+
+    (out,) = job([np.ones(3, np.float32)]).get().numpy_list()
+    np.testing.assert_array_equal(out, np.full(3, 2.0, np.float32))
