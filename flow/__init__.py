@@ -37,7 +37,8 @@ double = float64
 # The public API: what `from flow import *` binds and what linters count as re-exported.
 __all__ = [
     # submodules
-    "checkpoint", "config", "data", "distribute", "layers", "losses", "math", "nn", "optimizer", "scope", "train", "typing",
+    "checkpoint", "config", "data", "distribute", "layers", "losses", "math", "nn", "optimizer", "scope", "train",
+    "typing",
     # data types
     "float", "double", "float32", "float64", "int8", "int32", "int64", "uint8",
     # errors
