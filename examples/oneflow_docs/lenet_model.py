@@ -1,0 +1,19 @@
+# The LeNet of the quick_start programs, shared by lenet_train.py, lenet_eval.py and lenet_test.py as
+# the documentation's three programs each define it: two 5x5 convolutions with max pooling, then two
+# dense layers, with dropout while training.
+import flow
+
+
+def lenet(images, train=False):
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.conv2d(images, 32, 5, padding="SAME", activation=flow.nn.relu, name="conv1",
+                           kernel_initializer=init)
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool1")
+    x = flow.layers.conv2d(x, 64, 5, padding="SAME", activation=flow.nn.relu, name="conv2",
+                           kernel_initializer=init)
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool2")
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 512, activation=flow.nn.relu, kernel_initializer=init, name="dense1")
+    if train:
+        x = flow.nn.dropout(x, rate=0.5, name="dropout")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
