@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from flowc.compiler.codegen.common import Lowering, Params, literal
 from flowc.compiler.codegen.sanitise import CodeText, code, code_lines
-from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops.indexing import gather_dims
 from flowc.compiler.ops.pointwise import broadcast_strides
@@ -101,16 +100,14 @@ class IndexingGeometry:
                     cols=cols, k=a.attr("k"), threads=x.type.size // cols)
 
 
-_cpu = environment("cpu")
-
-
 class CppIndexing(IndexingGeometry):
     """The CPU generator's lowering of the indexing kernels (a mixin of CppGenerator)."""
 
     def _kernel_indexing(self, k: Kernel, params: Params) -> tuple[str, bool]:
+        from flowc.compiler.codegen.cpu import _env     # the CPU generator's templates (imported late: it imports us)
         a = self.graph.node(k.anchor_id)
         ctx = self.window_context(k, a, params)  # type: ignore[attr-defined]
-        text = _cpu.get_template(self.lowering(a.op).template).render(  # type: ignore[attr-defined]
+        text = _env.get_template(self.lowering(a.op).template).render(  # type: ignore[attr-defined]
             params=params.declarations(), **ctx)
         return text, a.op in CHECKING
 
