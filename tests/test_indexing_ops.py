@@ -69,6 +69,15 @@ GROUPS = {
 }
 
 
+def covered_ops() -> set[str]:
+    """Every op the cases above use, gradients included (tests/test_ops.py checks that each op has a case)."""
+    seen: set[str] = set()
+    for fn, inputs in GROUPS.values():
+        graph, _, _ = trace_case(fn, inputs)
+        seen.update(n.op for n in graph.nodes)
+    return seen
+
+
 def assert_match(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want):
