@@ -6,6 +6,9 @@ The cases share compiled code: each group below is one graph (several ops, one c
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -202,34 +205,53 @@ def test_assign_writes_the_variable_after_the_step():
     np.testing.assert_array_equal(flow.get_all_variables()["h14_counter"].numpy(), [3, 3])
 
 
-# --- CUDA, in the emulator -------------------------------------------------------------------
+# --- CUDA: in the emulator, and through nvcc ----------------------------------------------------
 
-def test_cuda_kernels_equal_the_reference_in_the_emulator(tmp_path):
-    from tests.test_cuda_codegen import Emulator, needs_gxx, render, replay   # noqa: F401
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ runs the CUDA emulator")
-    emulator = Emulator(tmp_path)
-    built, sources, used = {}, [], set()
+@pytest.fixture(scope="module")
+def cuda_steps():
+    """name -> (lowered program, CUDA step, feeds) for every group, kernel names prefixed apart."""
+    from tests.test_cuda_codegen import render
+    built = {}
     for i, (name, (fn, inputs)) in enumerate(sorted(GROUPS.items())):
         graph, _, _ = trace_case(fn, inputs, True)
         program = lower(graph)
-        step = render(program, prefix=f"ix{i}_")
         feeds = list(inputs) + cotangents(graph, len(inputs), np.random.default_rng(i))
-        built[name] = (program, step, feeds)
-        sources.append(step.source)
-        used |= set(step.templates)
-    assert INDEXING_CUDA_TEMPLATES <= used
-    lib = emulator.build("\n".join(sources), [la.kernel for _, s, _ in built.values() for la in s.launches])
-    for name, (program, step, feeds) in built.items():
+        built[name] = (program, render(program, prefix=f"ix{i}_"), feeds)
+    return built
+
+
+def test_cuda_kernels_equal_the_reference_in_the_emulator(cuda_steps, tmp_path):
+    from tests.test_cuda_codegen import Emulator, render, replay
+    if shutil.which("g++") is None:
+        pytest.skip("g++ runs the CUDA emulator")
+    assert INDEXING_CUDA_TEMPLATES <= {t for _, step, _ in cuda_steps.values() for t in step.templates}
+    emulator = Emulator(tmp_path)
+    lib = emulator.build("\n".join(step.source for _, step, _ in cuda_steps.values()),
+                         [la.kernel for _, step, _ in cuda_steps.values() for la in step.launches])
+    for name, (program, step, feeds) in cuda_steps.items():
         got, status = replay(emulator, lib, program, step, feeds, {}, {})
         want, _ = run_reference(program.graph, feeds, {})
         assert status == 0, name
         assert_match(got, want)
     # an index out of range raises the step's status (and names the gather)
-    graph, _, _ = trace_case(lambda e, w: flow.gather(e, w), [E, np.array([1, 6], np.int32)], grads=False)
+    bad = [E, np.array([1, 6], np.int32)]
+    graph, _, _ = trace_case(lambda e, w: flow.gather(e, w), bad, grads=False)
     program = lower(graph)
     step = render(program, prefix="ixbad_")
     lib = emulator.build(step.source, [la.kernel for la in step.launches])
-    _, status = replay(emulator, lib, program, step, [E, np.array([1, 6], np.int32)], {}, {})
+    _, status = replay(emulator, lib, program, step, bad, {}, {})
     assert status in step.error_nodes and program.graph.node(step.error_nodes[status]).op == "gather"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.isfile("/usr/local/cuda/bin/nvcc"),
+                    reason="nvcc is not installed")
+def test_the_cuda_kernels_compile_with_nvcc(cuda_steps, tmp_path):
+    from flowc.compiler.cache import KernelCache
+    from flowc.compiler.cuda_toolchain import build_cubin
+    source = "\n".join(step.source for _, step, _ in cuda_steps.values())
+    result = build_cubin(source, "indexing", "sm_90", cache=KernelCache(tmp_path / "cache"))
+    cubin = result.path.read_bytes()
+    for _, step, _ in cuda_steps.values():
+        for launch in step.launches:
+            assert launch.kernel.encode() in cubin, launch.kernel
