@@ -22,6 +22,10 @@ from flow import checkpoint, distribute, train
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
+from flow.indexing import (assign, broadcast_like, cast_to_current_logical_view, constant, constant_like,
+                           expand_dims, gather, identity, identity_n, masked_fill, one_hot, ones, ones_like, pad,
+                           reshape_like, reverse, slice, slice_update, slice_v2, squeeze, stack, where, zeros,
+                           zeros_like)
 from flow.variables import get_variable
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
@@ -45,6 +49,10 @@ __all__ = [
     "FlowError", "JobCallError", "StepError", "TraceError",
     # blobs and ops
     "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
+    # sources, views and indexing (flow/indexing.py)
+    "assign", "broadcast_like", "cast_to_current_logical_view", "constant", "constant_like", "expand_dims", "gather",
+    "identity", "identity_n", "masked_fill", "one_hot", "ones", "ones_like", "pad", "reshape_like", "reverse",
+    "slice", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
     # variables, checkpoints and initializers
     "get_variable", "get_all_variables", "load_variables",
     "constant_initializer", "glorot_normal_initializer", "glorot_uniform_initializer", "kaiming_initializer",

@@ -90,3 +90,13 @@ def argmax(input, axis: int = -1, name: str | None = None) -> Blob:
     x = check_blob(input, "flow.math.argmax", "input")
     return along_last_axis(x, axis, "flow.math.argmax",
                            lambda v: emit("argmax", [v], name=name or "", api="flow.math.argmax"))
+
+
+def top_k(input, k: int = 1, sorted: bool = True, name: str | None = None) -> Blob:  # noqa: A002
+    """`flow.math.top_k(input, k=1, sorted=True)`: int32 indices of the k largest along the last axis.
+
+    Example:
+        best5 = flow.math.top_k(logits, k=5)
+    """
+    from flow.indexing import top_k as _top_k
+    return _top_k(input, k, sorted, name)

@@ -70,6 +70,9 @@ class LoadedStep(abc.ABC):
             classes = self.graph.node(node.inputs[0]).type.shape[-1]
             raise StepError(f"{node.loc}: sparse_softmax_cross_entropy_with_logits: a label is out of range "
                             f"[0, {classes}) in job {self.graph.name!r}")
+        if node is not None and node.op == "gather":
+            size = self.graph.node(node.inputs[0]).type.shape[node.attr("axis")]
+            raise StepError(f"{node.loc}: flow.gather: an index is out of range [0, {size}) in job {self.graph.name!r}")
         raise StepError(f"job {self.graph.name!r}: step failed with code {code}")
 
     @staticmethod

@@ -175,6 +175,8 @@ def test_every_op_is_covered():
     for fn, inputs in CASES.values():
         graph, _, _ = trace_case(fn, inputs)
         seen.update(n.op for n in graph.nodes)
+    from tests.test_indexing_ops import covered_ops     # the indexing ops' cases live in their own module
+    seen |= covered_ops()
     # gradient ops appear in the cases' backward graphs; dropout_mask is tested in tests/test_lenet.py,
     # device_copy (inserted by the placement pass only) in tests/test_cuda_codegen.py
     missing = sorted(set(OPS) - seen - {"variable", "scalar", "dropout_mask", "device_copy"})

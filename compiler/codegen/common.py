@@ -152,8 +152,8 @@ class KernelGenerator:
         raise NotImplementedError
 
     def error_code(self, k: Kernel) -> int:
-        """A new error code for kernel `k`, which checks the labels of its loss op (input 1).  Labels
-        fed as a step input are also checked before the first kernel (`label_checks`)."""
+        """A new error code for kernel `k`, which checks the labels of its loss op (input 1; a gather's
+        indices).  Labels fed as a step input are also checked before the first kernel (`label_checks`)."""
         code = len(self.error_nodes) + 1
         self.error_nodes[code] = k.anchor_id
         anchor = self.graph.node(k.anchor_id)
@@ -161,7 +161,8 @@ class KernelGenerator:
         buf = self.memory.storage.get(labels)
         if buf is not None and buf.kind == "input":
             assert isinstance(buf.key, int), buf      # an input's key is its placeholder index
-            classes = self.graph.node(logits).type.shape[-1]
+            # the labels' range: the logits' last axis, or a gather's axis of its params
+            classes = self.graph.node(logits).type.shape[anchor.attr("axis") if anchor.op == "gather" else -1]
             self.label_checks.append(LabelCheck(buf.key, labels, classes, code))
         return code
 

@@ -14,6 +14,7 @@ from typing import ClassVar
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, matmul_geometry, reduction_extents,
                                            term)
+from flowc.compiler.codegen.indexing import CPU_LOWERINGS as INDEXING_LOWERINGS, CppIndexing
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
@@ -49,7 +50,7 @@ class GeneratedStep:
     numerics_nodes: dict[int, int] = field(default_factory=dict)
 
 
-class CppGenerator(KernelGenerator):
+class CppGenerator(CppIndexing, KernelGenerator):
     """Renders a lowered program as one C++ translation unit with one entry point, `flowc_step`."""
     LOWERINGS: ClassVar[dict[str, Lowering]] = {
         "softmax": Lowering("_kernel_row_template", "softmax.cpp.j2"),
@@ -65,6 +66,7 @@ class CppGenerator(KernelGenerator):
         "avg_pool2d_grad": Lowering("_kernel_window_template", "pool2d_grad.cpp.j2", "pool_context"),
         "concat": Lowering("_kernel_window_template", "concat.cpp.j2", "copy_context"),
         "slice_axis": Lowering("_kernel_window_template", "slice_axis.cpp.j2", "copy_context"),
+        **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_kernel_pointwise", "reduction": "_kernel_reduction", "matmul": "_kernel_matmul",

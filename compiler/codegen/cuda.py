@@ -29,6 +29,7 @@ import numpy as np
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
+from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
@@ -103,7 +104,7 @@ def _pow2_block(n: int) -> int:
     return b
 
 
-class CudaGenerator(KernelGenerator):
+class CudaGenerator(CudaIndexing, KernelGenerator):
     """Renders a lowered program as one CUDA translation unit and its launch list.
 
     `tf32=True` runs float32 GEMMs and convolutions on tensor cores (TF32 inputs, FP32
@@ -123,6 +124,7 @@ class CudaGenerator(KernelGenerator):
         "avg_pool2d_grad": Lowering("_pool2d_grad", "pool2d_grad.cu.j2", "pool_context"),
         "concat": Lowering("_concat", "concat.cu.j2", "copy_context"),
         "slice_axis": Lowering("_slice_axis", "slice_axis.cu.j2", "copy_context"),
+        **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",
