@@ -23,6 +23,7 @@ from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
+from flow.math import clip_by_value, clip_by_value as clip, clip_by_value as clamp, clip_by_value as clip_by_scalar
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
@@ -44,6 +45,7 @@ __all__ = [
     "FlowError", "JobCallError", "StepError", "TraceError",
     # blobs and ops
     "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
+    "clip_by_value", "clip", "clamp", "clip_by_scalar",     # OneFlow's other names of flow.math.clip_by_value
     # variables, checkpoints and initializers
     "get_variable", "get_all_variables", "load_variables",
     "constant_initializer", "glorot_normal_initializer", "glorot_uniform_initializer", "kaiming_initializer",

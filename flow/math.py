@@ -1,6 +1,8 @@
 """`flow.math`: elementwise math and reductions, with OneFlow 0.3's names and signatures."""
 from __future__ import annotations
 
+import numpy as np
+
 from flowc.compiler.errors import TraceError
 from flowc.compiler.trace import Blob, as_blob, emit, user_location
 from flow._ops import along_last_axis, axes, check_blob
@@ -291,3 +293,65 @@ def reduce_std(input_tensor, axis=None, keepdims: bool = False, name: str | None
     api = "flow.math.reduce_std"
     variance = reduce_variance(input_tensor, axis, keepdims)
     return emit("sqrt", [variance], name=name or "", api=api)
+
+
+def l2_normalize(input, axis: int | None = None, epsilon: float = 1e-12, name: str | None = None) -> Blob:
+    """`flow.math.l2_normalize(input, axis, epsilon=1e-12)`: x / sqrt(max(sum(x^2 along axis), epsilon)).
+
+    OneFlow needs `axis` (one int, negatives allowed); so does flowc.
+
+    Example:
+        unit = flow.math.l2_normalize(embeddings, axis=1)
+    """
+    api = "flow.math.l2_normalize"
+    x = check_blob(input, api, "input")
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TraceError(f"{user_location()}: {api}: argument 'axis' must be an int, got {axis!r}")
+    ax = axes(x, axis, api)
+    total = emit("reduce_sum", [emit("square", [x], api=api)], {"axes": ax, "keepdims": True}, api=api)
+    floor = emit("maximum", [total, as_blob(float(epsilon), total, api)], api=api)
+    return emit("multiply", [x, emit("rsqrt", [floor], api=api)], name=name or "", api=api)
+
+
+def gelu_grad(x, dy, name: str | None = None) -> Blob:
+    """`flow.math.gelu_grad(x, dy)`: dy times the derivative of gelu at x.
+
+    Example:
+        dx = flow.math.gelu_grad(x, dy)
+    """
+    api = "flow.math.gelu_grad"
+    return emit("gelu_grad", [check_blob(x, api, "x"), check_blob(dy, api, "dy")], name=name or "", api=api)
+
+
+def tanh_grad(y, dy, name: str | None = None) -> Blob:
+    """`flow.math.tanh_grad(y, dy)`: dy * (1 - y^2), the gradient of tanh given its output y.
+
+    Example:
+        dx = flow.math.tanh_grad(flow.math.tanh(x), dy)
+    """
+    api = "flow.math.tanh_grad"
+    y = check_blob(y, api, "y")
+    slope = emit("subtract", [as_blob(1.0, y, api), emit("square", [y], api=api)], api=api)
+    return emit("multiply", [check_blob(dy, api, "dy"), slope], name=name or "", api=api)
+
+
+def broadcast_to_compatible_with(x, compatible, name: str | None = None) -> Blob:
+    """`flow.math.broadcast_to_compatible_with(x, compatible)`: x broadcast (NumPy's rules) to the
+    shape it has together with every blob of `compatible`.
+
+    Example:
+        y = flow.math.broadcast_to_compatible_with(bias, [activations])
+    """
+    api = "flow.math.broadcast_to_compatible_with"
+    x = check_blob(x, api, "x")
+    shape = tuple(x.shape)
+    for k, other in enumerate(compatible):
+        other = check_blob(other, api, f"compatible[{k}]")
+        try:
+            shape = tuple(np.broadcast_shapes(shape, tuple(other.shape)))
+        except ValueError:
+            raise TraceError(f"{user_location()}: {api}: compatible[{k}] of shape {list(other.shape)} does not "
+                             f"broadcast with {list(shape)}") from None
+    if shape == tuple(x.shape):
+        return x
+    return emit("broadcast_to", [x], {"shape": shape}, name=name or "", api=api)
