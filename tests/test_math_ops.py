@@ -269,6 +269,17 @@ def test_misuse_names_the_argument_and_the_users_line():
         trace_case(lambda a, b: m.pow(a, b), [_int_a, _int_b], grads=False)
 
 
+def test_blob_operators_for_mod_and_comparisons():
+    a = np.array([[-3.5, 0.0, 2.0], [5.0, -1.0, 7.5]], np.float32)
+    b = np.array([2.0, 0.5, -2.0], np.float32)
+    graph, _, _ = trace_case(lambda x, y: (x % y, x < y, x <= 2.0, x > y, 1.0 >= x), [a, b], grads=False)
+    got = CpuLoadedStep(compile_graph(graph), Session()).run([a, b])
+    want = [np.mod(a, b), a < b, a <= 2, a > b, 1 >= a]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w.astype(g.dtype))
+    assert [g.dtype for g in got[1:]] == [np.int8] * 4
+
+
 def test_oneflow_aliases_of_clip_by_value():
     assert flow.clip is flow.clamp is flow.clip_by_scalar is flow.clip_by_value is m.clip_by_value
 
