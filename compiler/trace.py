@@ -234,6 +234,13 @@ class Blob:
     def __truediv__(self, o): return self._binary("divide", o, "/")
     def __rtruediv__(self, o): return self._binary("divide", o, "/", True)
     def __neg__(self): return emit("negative", [self], api="unary -")
+    # OneFlow's Blob operators for flow.math.mod and the comparisons (int8 0/1).  == and != stay
+    # Python's identity comparison here: Blobs are kept in lists and dicts while tracing.
+    def __mod__(self, o): return self._binary("mod", o, "%")
+    def __lt__(self, o): return self._binary("less", o, "<")
+    def __le__(self, o): return self._binary("less_equal", o, "<=")
+    def __gt__(self, o): return self._binary("greater", o, ">")
+    def __ge__(self, o): return self._binary("greater_equal", o, ">=")
 
     def __bool__(self) -> bool:
         raise TraceError(f"{user_location()}: a Blob has no value while the job is traced, so it cannot "

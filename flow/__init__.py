@@ -27,6 +27,7 @@ from flow.indexing import (assign, broadcast_like, cast_to_current_logical_view,
                            reshape_like, reverse, slice, slice_update, slice_v2, squeeze, stack, where, zeros,
                            zeros_like)
 from flow.variables import get_variable
+from flow.math import clip_by_value, clip_by_value as clip, clip_by_value as clamp, clip_by_value as clip_by_scalar
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
@@ -53,6 +54,7 @@ __all__ = [
     "assign", "broadcast_like", "cast_to_current_logical_view", "constant", "constant_like", "expand_dims", "gather",
     "identity", "identity_n", "masked_fill", "one_hot", "ones", "ones_like", "pad", "reshape_like", "reverse",
     "slice", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
+    "clip_by_value", "clip", "clamp", "clip_by_scalar",     # OneFlow's other names of flow.math.clip_by_value
     # variables, checkpoints and initializers
     "get_variable", "get_all_variables", "load_variables",
     "constant_initializer", "glorot_normal_initializer", "glorot_uniform_initializer", "kaiming_initializer",

@@ -19,7 +19,7 @@ TOP_LEVEL_FILES = {"setup.cfg", "Makefile", "README.md", "pyproject.toml", "CHAN
 PATH_IN_CODE = re.compile(r"(?<![\w/.-])((?:" + "|".join(FOLDERS) + r")/[\w./*{},<>-]*)")
 # What the walkthrough of "How to add an op" creates: files and ops that must not exist yet.
 WALKTHROUGH_FILES = {"codegen_templates/cpu/log_softmax.cpp.j2", "codegen_templates/cuda/log_softmax.cu.j2"}
-WALKTHROUGH_OPS = ("softplus", "log_softmax")
+WALKTHROUGH_OPS = ("softsign", "log_softmax")
 
 
 def mentioned_paths(text: str) -> set[str]:

@@ -171,8 +171,9 @@ def test_gradient_matches_finite_differences(name):
 
 def test_every_op_is_covered():
     """A new op row without a case here fails this test."""
+    from tests.test_math_ops import CASES as MATH_CASES    # issue 14's flow.math rows
     seen = set()
-    for fn, inputs in CASES.values():
+    for fn, inputs in list(CASES.values()) + list(MATH_CASES.values()):
         graph, _, _ = trace_case(fn, inputs)
         seen.update(n.op for n in graph.nodes)
     from tests.test_indexing_ops import covered_ops     # the indexing ops' cases live in their own module

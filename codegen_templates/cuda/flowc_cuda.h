@@ -109,4 +109,109 @@ __device__ __forceinline__ T block_reduce(T v, T identity, Combine combine) {
 __device__ __forceinline__ int64_t global_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
 
+// --- math helpers of compiler/ops/math_rows.py (NumPy's semantics; the same text is in both
+// codegen_templates/cpu/flowc_runtime.h and codegen_templates/cuda/flowc_cuda.h) ---
+
+// np.abs: |x| with +0.0 for -0.0; the most negative integer stays itself (wraps, as in NumPy).
+template <class T>
+__host__ __device__ __forceinline__ T abs(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::fabs(x);
+  } else if constexpr (std::is_signed_v<T>) {
+    return x < 0 ? (T)(0 - (std::make_unsigned_t<T>)x) : x;
+  } else {
+    return x;
+  }
+}
+
+// np.sign: -1, 0 (+0.0 for either zero) or 1; NaN stays NaN.
+template <class T>
+__host__ __device__ __forceinline__ T sign(T x) { return x > (T)0 ? (T)1 : x < (T)0 ? (T)-1 : x == (T)0 ? (T)0 : x; }
+
+// np.floor_divide and np.mod: NumPy's divmod (the quotient rounded down, the remainder with the
+// divisor's sign).  Floats: x // 0 is x / 0 and x % 0 is NaN; integers: both are 0 (NumPy's
+// result, which it also warns about), and min // -1 wraps to min.
+template <class T>
+__host__ __device__ __forceinline__ T floordiv(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (b == (T)0) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != (T)0) {
+      if ((b < (T)0) != (mod < (T)0)) div -= (T)1;
+    }
+    if (div != (T)0) {
+      T floor_div = std::floor(div);
+      if (div - floor_div > (T)0.5) floor_div += (T)1;
+      return floor_div;
+    }
+    return std::copysign((T)0, a / b);
+  } else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed_v<T>) {
+      if (b == -1) return (T)(0 - (std::make_unsigned_t<T>)a);
+      T q = a / b;
+      if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+      return q;
+    } else {
+      return a / b;
+    }
+  }
+}
+
+template <class T>
+__host__ __device__ __forceinline__ T mod(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    T m = std::fmod(a, b);
+    if (b == (T)0) return m;
+    if (m != (T)0) {
+      if ((b < (T)0) != (m < (T)0)) m += b;
+    } else {
+      m = std::copysign((T)0, b);
+    }
+    return m;
+  } else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed_v<T>) {
+      if (b == -1) return 0;
+      T m = a % b;
+      if (m != 0 && ((m < 0) != (b < 0))) m += b;
+      return m;
+    } else {
+      return a % b;
+    }
+  }
+}
+
+// log(1 + e^x) without overflow (np.logaddexp(0, x)): max(x, 0) + log1p(e^-|x|).
+template <class T>
+__host__ __device__ __forceinline__ T softplus(T x) {
+  return x != x ? x : (x > (T)0 ? x : (T)0) + std::log1p(std::exp(-std::fabs(x)));
+}
+
+// The digamma function psi(x) = d lgamma(x) / dx (the gradient of lgamma), in double: the
+// reflection formula below 0, the recurrence up to 6, then the asymptotic series.  NaN at the
+// poles (0, -1, -2, ...) and at -inf; +inf at +inf.  compiler/ops/math_rows.py's reference is
+// the same algorithm in NumPy.
+template <class T>
+__host__ __device__ __forceinline__ T digamma(T x_in) {
+  double x = (double)x_in, result = 0.0;
+  if (x != x || x == -std::numeric_limits<double>::infinity()) return (T)NAN;
+  if (x == std::numeric_limits<double>::infinity()) return x_in;
+  if (x <= 0.0) {
+    if (x == std::floor(x)) return (T)NAN;
+    const double pi = 3.14159265358979323846;
+    result = -pi / std::tan(pi * x);
+    x = 1.0 - x;
+  }
+  while (x < 6.0) {
+    result -= 1.0 / x;
+    x += 1.0;
+  }
+  const double r = 1.0 / (x * x);
+  result += std::log(x) - 0.5 / x
+            - r * (1.0 / 12 - r * (1.0 / 120 - r * (1.0 / 252 - r * (1.0 / 240 - r * (1.0 / 132)))));
+  return (T)result;
+}
+
 }  // namespace flowc

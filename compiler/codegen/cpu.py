@@ -27,6 +27,11 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 # 85-140 us on 2 threads against 14-28 us on one).
 PARALLEL_MIN_ELEMENTS = 1 << 18
 REDUCTION_BLOCK = 64
+# Long reductions are cut into chunks combined pairwise (see reduction.cpp.j2): a row chunk is summed
+# in REDUCTION_LANES accumulators (64 elements each), a column chunk in one accumulator per output.
+REDUCTION_LANES = 16
+REDUCTION_ROW_CHUNK = 1024
+REDUCTION_COLUMN_CHUNK = 64
 # A step with this many kernels or more compiles as that many translation units at once (one per
 # core; g++ spends most of a step's build optimising kernel bodies, which parallelises perfectly).
 COMPILE_PARTS = max(1, min(4, os.cpu_count() or 1))
@@ -205,8 +210,11 @@ class CppGenerator(CppIndexing, KernelGenerator):
         if k.members:
             epilogue = self.pointwise_lines(k, k.members, params,
                                             lambda s: "i" if any(s) else "0", anchor_value="acc")
+        chunk = REDUCTION_ROW_CHUNK if inner == 1 else REDUCTION_COLUMN_CHUNK
+        chunks = -(-reduced // chunk)
         ctx = dict(name=c_identifier(k.name), comment=self.comment(k), T=t, outer=outer, reduced=reduced,
                    inner=inner, block=REDUCTION_BLOCK, X=params.use(x.id), OUT=params.use(a.id),
+                   lanes=REDUCTION_LANES, chunk=chunk, chunks=chunks, levels=max(1, chunks.bit_length()),
                    init=code(rule.c_init.format(T=t)), combine=code(rule.c_expr.format("acc", "x")),
                    parallel=outer * reduced * inner >= PARALLEL_MIN_ELEMENTS, epilogue=epilogue)
         return _env.get_template("reduction.cpp.j2").render(params=params.declarations(), **ctx), False

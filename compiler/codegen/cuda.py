@@ -39,6 +39,7 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 
 BLOCK = 256                # threads of the elementwise and row kernels
 ROWS_PER_BLOCK = BLOCK // 32   # row kernels give each row one warp
+REDUCTION_CHUNK = 64       # elements a thread combines in order before pairing partial results
 MAX_GRID = 65535           # grid-stride loops cover the rest; also the y/z limit
 GEMM_TILE = 64             # flowc::kGemmBM == kGemmBN in flowc_cuda_gemm.h
 GEMM_THREADS, TF32_THREADS = 256, 128
@@ -256,8 +257,13 @@ class CudaGenerator(CudaIndexing, KernelGenerator):
         # inner == 1: one block per output, its threads along the row; else one thread per output.
         block = _pow2_block(reduced) if inner == 1 else BLOCK
         grid = (max(1, min(outer, MAX_GRID)), 1, 1) if inner == 1 else _grid_1d(outer * inner)
+        # Long reductions: chunks of REDUCTION_CHUNK per thread, combined pairwise (reduction.cu.j2).
+        per_thread = -(-reduced // block) if inner == 1 else reduced
+        chunks = -(-per_thread // REDUCTION_CHUNK)
         text = self._template("reduction.cu.j2", name=c_identifier(k.name), comment=self.comment(k), T=t,
                               outer=outer, reduced=reduced, inner=inner, X=params.use(x.id), OUT=params.use(a.id),
+                              per_thread=per_thread, chunk=REDUCTION_CHUNK, chunks=chunks,
+                              levels=max(1, chunks.bit_length()),
                               init=code(rule.c_init.format(T=t)), combine=code(rule.c_expr.format("acc", "x")),
                               epilogue=epilogue, block=block, params=params.declarations())
         return text, [Launch(k.name, grid, (block, 1, 1), 0, tuple(params.arguments()))]

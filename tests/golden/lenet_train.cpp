@@ -299,14 +299,34 @@ FLOWC_KERNEL void loop_42(const float* FLOWC_RESTRICT b14, const float* FLOWC_RE
 
 // reduce_sum_43: %43 reduce_sum @synchronize_single_job.py:22
 FLOWC_KERNEL void reduce_sum_43(const float* FLOWC_RESTRICT b42, float* FLOWC_RESTRICT b43) {
+  // Chunks of 1024 elements, each in 16 accumulators combined as a tree.
+  const auto chunk_of = [&](const float* part, int64_t n) -> float {
+    float lane[16];
+    for (int l = 0; l < 16; ++l) lane[l] = (float)-0.0;
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+#pragma omp simd
+      for (int l = 0; l < 16; ++l) {
+        const float acc = lane[l], x = part[k + l];
+        lane[l] = (acc + x);
+      }
+    }
+    for (int l = 0; k < n; ++k, ++l) {
+      const float acc = lane[l], x = part[k];
+      lane[l] = (acc + x);
+    }
+    for (int w = 8; w > 0; w /= 2) {
+      for (int l = 0; l < w; ++l) {
+        const float acc = lane[l], x = lane[l + w];
+        lane[l] = (acc + x);
+      }
+    }
+    return lane[0];
+  };
 #pragma omp parallel for
   for (int64_t o = 0; o < 6400; ++o) {
-    float acc = (float)-0.0;
     const float* row = b42 + o * 196;
-    for (int64_t k = 0; k < 196; ++k) {
-      const float x = row[k];
-      acc = (acc + x);
-    }
+    const float acc = chunk_of(row, 196);
     const int64_t i = o;
     b43[i] = acc;
   }
@@ -322,14 +342,33 @@ FLOWC_KERNEL void reduce_sum_44(const float* FLOWC_RESTRICT b43, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 64);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b43 + (o * 100 + k) * 64 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b43 + (o * 100 + k) * 64 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 64 + i_begin + ii;
@@ -445,14 +484,34 @@ FLOWC_KERNEL void loop_49(const float* FLOWC_RESTRICT b7, const float* FLOWC_RES
 
 // reduce_sum_50: %50 reduce_sum @synchronize_single_job.py:12
 FLOWC_KERNEL void reduce_sum_50(const float* FLOWC_RESTRICT b49, float* FLOWC_RESTRICT b50) {
+  // Chunks of 1024 elements, each in 16 accumulators combined as a tree.
+  const auto chunk_of = [&](const float* part, int64_t n) -> float {
+    float lane[16];
+    for (int l = 0; l < 16; ++l) lane[l] = (float)-0.0;
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+#pragma omp simd
+      for (int l = 0; l < 16; ++l) {
+        const float acc = lane[l], x = part[k + l];
+        lane[l] = (acc + x);
+      }
+    }
+    for (int l = 0; k < n; ++k, ++l) {
+      const float acc = lane[l], x = part[k];
+      lane[l] = (acc + x);
+    }
+    for (int w = 8; w > 0; w /= 2) {
+      for (int l = 0; l < w; ++l) {
+        const float acc = lane[l], x = lane[l + w];
+        lane[l] = (acc + x);
+      }
+    }
+    return lane[0];
+  };
 #pragma omp parallel for
   for (int64_t o = 0; o < 3200; ++o) {
-    float acc = (float)-0.0;
     const float* row = b49 + o * 784;
-    for (int64_t k = 0; k < 784; ++k) {
-      const float x = row[k];
-      acc = (acc + x);
-    }
+    const float acc = chunk_of(row, 784);
     const int64_t i = o;
     b50[i] = acc;
   }
@@ -468,14 +527,33 @@ FLOWC_KERNEL void reduce_sum_51(const float* FLOWC_RESTRICT b50, float* FLOWC_RE
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 32);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b50 + (o * 100 + k) * 32 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b50 + (o * 100 + k) * 32 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 32 + i_begin + ii;
@@ -606,14 +684,33 @@ FLOWC_KERNEL void reduce_sum_37_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b36 + (o * 100 + k) * 512 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b36 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 512 + i_begin + ii;
@@ -657,14 +754,33 @@ FLOWC_KERNEL void reduce_sum_32_multiply_subtract(const float* FLOWC_RESTRICT b5
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b31 + (o * 100 + k) * 10 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b31 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 10 + i_begin + ii;

@@ -355,7 +355,17 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_44(const float* FLO
     const int o = t / 64, ii = t % 64;
     const float* col = b43 + o * 6400 + ii;
     float acc = (float)-0.0;
-    for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 64]);
+    // Chunks of 64 combined pairwise (float32 sums stay accurate on long columns).
+    float levels[2];
+    for (int64_t c = 0; c < 2; ++c) {
+      float part = (float)-0.0;
+      const int k_end = c * 64 + 64 < 100 ? c * 64 + 64 : 100;
+      for (int k = c * 64; k < k_end; ++k) part = combine(part, col[k * 64]);
+      int b = 0;
+      for (int64_t m = c; m & 1; m >>= 1, ++b) part = combine(levels[b], part);
+      levels[b] = part;
+    }
+    for (int b = 0; b < 2; ++b) if ((2LL >> b) & 1) acc = combine(acc, levels[b]);
     const int i = t;
     b44[i] = acc;
   }
@@ -489,7 +499,17 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_51(const float* FLO
     const int o = t / 32, ii = t % 32;
     const float* col = b50 + o * 3200 + ii;
     float acc = (float)-0.0;
-    for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 32]);
+    // Chunks of 64 combined pairwise (float32 sums stay accurate on long columns).
+    float levels[2];
+    for (int64_t c = 0; c < 2; ++c) {
+      float part = (float)-0.0;
+      const int k_end = c * 64 + 64 < 100 ? c * 64 + 64 : 100;
+      for (int k = c * 64; k < k_end; ++k) part = combine(part, col[k * 32]);
+      int b = 0;
+      for (int64_t m = c; m & 1; m >>= 1, ++b) part = combine(levels[b], part);
+      levels[b] = part;
+    }
+    for (int b = 0; b < 2; ++b) if ((2LL >> b) & 1) acc = combine(acc, levels[b]);
     const int i = t;
     b51[i] = acc;
   }
@@ -599,7 +619,17 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_37_multiply_subtrac
     const int o = t / 512, ii = t % 512;
     const float* col = b36 + o * 51200 + ii;
     float acc = (float)-0.0;
-    for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 512]);
+    // Chunks of 64 combined pairwise (float32 sums stay accurate on long columns).
+    float levels[2];
+    for (int64_t c = 0; c < 2; ++c) {
+      float part = (float)-0.0;
+      const int k_end = c * 64 + 64 < 100 ? c * 64 + 64 : 100;
+      for (int k = c * 64; k < k_end; ++k) part = combine(part, col[k * 512]);
+      int b = 0;
+      for (int64_t m = c; m & 1; m >>= 1, ++b) part = combine(levels[b], part);
+      levels[b] = part;
+    }
+    for (int b = 0; b < 2; ++b) if ((2LL >> b) & 1) acc = combine(acc, levels[b]);
     const int i = t;
     b37[i] = acc;
     const float l0 = b54[0];
@@ -639,7 +669,17 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_32_multiply_subtrac
     const int o = t / 10, ii = t % 10;
     const float* col = b31 + o * 1000 + ii;
     float acc = (float)-0.0;
-    for (int k = 0; k < 100; ++k) acc = combine(acc, col[k * 10]);
+    // Chunks of 64 combined pairwise (float32 sums stay accurate on long columns).
+    float levels[2];
+    for (int64_t c = 0; c < 2; ++c) {
+      float part = (float)-0.0;
+      const int k_end = c * 64 + 64 < 100 ? c * 64 + 64 : 100;
+      for (int k = c * 64; k < k_end; ++k) part = combine(part, col[k * 10]);
+      int b = 0;
+      for (int64_t m = c; m & 1; m >>= 1, ++b) part = combine(levels[b], part);
+      levels[b] = part;
+    }
+    for (int b = 0; b < 2; ++b) if ((2LL >> b) & 1) acc = combine(acc, levels[b]);
     const int i = t;
     b32[i] = acc;
     const float l0 = b54[0];

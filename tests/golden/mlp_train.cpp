@@ -136,14 +136,33 @@ FLOWC_KERNEL void reduce_sum_19_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 512);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b18 + (o * 100 + k) * 512 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b18 + (o * 100 + k) * 512 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 512 + i_begin + ii;
@@ -187,14 +206,33 @@ FLOWC_KERNEL void reduce_sum_15_multiply_subtract(const float* FLOWC_RESTRICT b2
     const int64_t i_begin = (t % kBlocks) * 64;
     const int64_t i_end = std::min<int64_t>(i_begin + 64, 10);
     float accs[64];
-    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
-    for (int64_t k = 0; k < 100; ++k) {
-      const float* row = b14 + (o * 100 + k) * 10 + i_begin;
+    // Chunks of 64 along the reduced axis, combined pairwise per inner element.
+    float levels_of[2][64];
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t k_begin = c * 64, k_end = std::min<int64_t>(k_begin + 64, 100);
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) accs[ii] = (float)-0.0;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const float* row = b14 + (o * 100 + k) * 10 + i_begin;
 #pragma omp simd
-      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
-        const float acc = accs[ii], x = row[ii];
-        accs[ii] = (acc + x);
+        for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+          const float acc = accs[ii], x = row[ii];
+          accs[ii] = (acc + x);
+        }
       }
+      for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+        float* levels = &levels_of[0][0] + ii;   // levels[b] is levels_of[b][ii]: stride 64
+        float s = accs[ii];
+        int b = 0;
+        for (int64_t m = c; m & 1; m >>= 1, ++b) { const float acc = levels[b * 64], x = s; s = (acc + x); }
+        levels[b * 64] = s;
+      }
+    }
+    for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
+      float acc = (float)-0.0;
+      for (int b = 0; b < 2; ++b) {
+        if ((2LL >> b) & 1) { const float x = levels_of[b][ii]; acc = (acc + x); }
+      }
+      accs[ii] = acc;
     }
     for (int64_t ii = 0; ii < i_end - i_begin; ++ii) {
       const int64_t i = o * 10 + i_begin + ii;
