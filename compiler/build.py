@@ -104,9 +104,9 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         dynamic = _dynamic_loss_scale(ctx, policy, e.loc)
         e.role = "backward"
         target = e.op("multiply", loss.id, _as_dtype(e, dynamic.scale, builder.types[loss.id].dtype))
-    grads = differentiate(builder, target, trainable.values(), scale=seed)
+    by_node = differentiate(builder, target, trainable.values(), scale=seed)
     e.role = "update"
-    grads = {var: grads[node] for var, node in trainable.items() if node in grads}
+    grads = {var: by_node[node] for var, node in trainable.items() if node in by_node}
     if not grads:
         raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
     for var, g in grads.items():
@@ -138,6 +138,7 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         for s, value in new_state.items():
             assigns[f"{var}-{s}"] = value
     if dynamic is not None:
+        assert isinstance(policy, DynamicLossScalePolicy)
         e.loc = builder.nodes[loss.id].loc
         finite = _all_finite(e, list(grads.values()))
         for name, value in list(assigns.items()):

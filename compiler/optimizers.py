@@ -409,7 +409,7 @@ class Update:
     g: int
     lr: int
     state: dict[str, int]
-    opt: "Optimizer"
+    opt: Any                 # the Optimizer subclass: its hyperparameters (beta1, epsilon, ...)
     weight_decay: float
 
     def const(self, value: float) -> int:
@@ -441,7 +441,7 @@ class StateSpec:
 
 @dataclass(frozen=True)
 class UpdateRule:
-    state: Callable[["Optimizer"], tuple[StateSpec, ...]]
+    state: Callable[[Any], tuple[StateSpec, ...]]     # optimizer -> its state variables
     emit: Callable[[Update], tuple[int, dict[str, int]]]
 
 
