@@ -453,7 +453,8 @@ def _sgd(u: Update):
 
 def _momentum(u: Update):
     # m = beta * m - lr * g;  model = model + m - lr * wd * model
-    m = u.op("subtract", u.scaled(u.opt.momentum, u.state["momentum"]), u.op("multiply", u.lr, u.g))
+    step = u.op("multiply", u.lr, u.g)
+    m = u.op("subtract", u.scaled(u.opt.momentum, u.state["momentum"]), step)
     w = u.op("add", u.w, m)
     if u.weight_decay:
         w = u.op("subtract", w, u.op("multiply", u.lr, u.scaled(u.weight_decay, u.w)))
@@ -463,16 +464,19 @@ def _momentum(u: Update):
 def _moments(u: Update) -> tuple[int, int]:
     b1, b2 = u.opt.beta1, u.opt.beta2
     m = u.op("add", u.scaled(b1, u.state["m"]), u.scaled(1 - b1, u.g))
-    v = u.op("add", u.scaled(b2, u.state["v"]), u.scaled(1 - b2, u.op("multiply", u.g, u.g)))
+    decayed_v = u.scaled(b2, u.state["v"])
+    one_minus_b2 = u.const(1 - b2)      # before g*g: the node order (and code) flowc's Adam always had
+    v = u.op("add", decayed_v, u.op("multiply", one_minus_b2, u.op("multiply", u.g, u.g)))
     return m, v
 
 
 def _adam(u: Update):
     # model - lr * (m / (sqrt(v) + eps) + wd * model); lr bias-corrected on the host
     m, v = _moments(u)
-    step = u.op("divide", m, u.op("add", u.op("sqrt", v), u.const(u.opt.epsilon)))
-    if u.weight_decay:
-        step = u.op("add", step, u.scaled(u.weight_decay, u.w))
+    denom = u.op("add", u.op("sqrt", v), u.const(u.opt.epsilon))
+    if not u.weight_decay:     # (lr * m) / denom: the association flowc's Adam always had (golden sources)
+        return u.op("subtract", u.w, u.op("divide", u.op("multiply", u.lr, m), denom)), {"m": m, "v": v}
+    step = u.op("add", u.op("divide", m, denom), u.scaled(u.weight_decay, u.w))
     return u.op("subtract", u.w, u.op("multiply", u.lr, step)), {"m": m, "v": v}
 
 
