@@ -125,9 +125,9 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     kept[axis] = channels
     reduce_axes = [d for d in range(rank) if d != axis]
 
-    def variable(suffix, initializer, is_trainable):
+    def variable(suffix, initializer, is_trainable, regularizer=None):
         v = get_variable(f"{name}-{suffix}", shape=(channels,), dtype=x.dtype, initializer=initializer,
-                         trainable=is_trainable)
+                         regularizer=regularizer, trainable=is_trainable)
         return reshape(v, kept), v
 
     moving_mean, mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(),
@@ -145,9 +145,11 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         centered, var = x - moving_mean, moving_var
     out = centered / math.sqrt(var + epsilon)
     if scale:
-        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable)
+        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable,
+                            gamma_regularizer)
         out = out * gamma
     if center:
-        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable)
+        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable,
+                           beta_regularizer)
         out = out + beta
     return out

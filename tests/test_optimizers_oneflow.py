@@ -375,7 +375,7 @@ def test_layer_regularizers_reach_their_variables():
                   2e-5, "dense regularizers")
 
 
-def test_conv2d_kernel_regularizer_is_recorded():
+def test_conv2d_and_batch_norm_regularizers_are_recorded():
     from flowc.compiler.trace import TraceContext, tracing
     ctx = TraceContext("conv_reg", "train", default_session())
     from flowc.compiler.trace import emit
@@ -383,7 +383,10 @@ def test_conv2d_kernel_regularizer_is_recorded():
         x = emit("input", [], {"index": 0, "shape": (1, 2, 5, 5), "dtype": "float32"}, name="x", loc="t:1")
         flow.layers.conv2d(x, 3, 3, name="conv", kernel_regularizer=flow.regularizers.l2(0.01),
                            bias_regularizer=flow.regularizers.l1(0.02))
-    assert ctx.regularizers == {"conv-weight": (0.0, 0.01), "conv-bias": (0.02, 0.0)}
+        flow.layers.batch_normalization(x, axis=1, name="bn", gamma_regularizer=flow.regularizers.l2(0.03),
+                                        beta_regularizer=flow.regularizers.l1_l2(0.04, 0.05))
+    assert ctx.regularizers == {"conv-weight": (0.0, 0.01), "conv-bias": (0.02, 0.0), "bn-gamma": (0.0, 0.03),
+                                "bn-beta": (0.04, 0.05)}
 
 
 def test_a_bad_regularizer_names_the_variable():
@@ -526,7 +529,7 @@ def oracle_dynamic(inputs, steps):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the inf input, on purpose
-def test_compiled_dynamic_loss_scale_skips_non_finite_steps():
+def test_compiled_dynamic_loss_scale_skips_non_finite_steps(tmp_path):
     job = dynamic_job()
     steps, bad = 7, {2, 3}
     inputs = _inputs_with_inf(steps, bad)
@@ -545,6 +548,8 @@ def test_compiled_dynamic_loss_scale_skips_non_finite_steps():
             np.testing.assert_array_equal(session.value("w"), before)     # the step changed no variable
         before = session.value("w").copy()
     assert_values({name: session.value(name) for name in expected}, expected, 5e-5, "dynamic loss scale")
+    flow.checkpoint.save(str(tmp_path / "ckpt"))       # the scale and its counter are saved by OneFlow's names
+    assert {scale_name, counter_name, "w-mean_square", "w-mean_gradient"} <= set(os.listdir(tmp_path / "ckpt"))
     # the reference executor runs the same graph to the same values
     flow.clear_default_session()
     _, values = reference_training(dynamic_job(), steps, inputs)
@@ -605,6 +610,39 @@ def test_select_nonzero_in_the_cuda_emulator(tmp_path):
     assert status == 0
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the inf input, on purpose
+def test_cuda_train_step_with_every_extra_equals_the_reference_in_the_emulator(tmp_path):
+    """LAMB's norms, clipping, a regularizer and the dynamic loss scale's skip, as CUDA kernels."""
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the emulator")
+    from flowc.compiler.pipeline import lower
+    from tests.test_cuda_codegen import Emulator, render, replay
+    job = make_job("cuda_extras", lambda: flow.optimizer.LAMB(
+        const_lr(0.05), beta1=0.8, beta2=0.9, grad_clipping=flow.optimizer.grad_clipping.by_global_norm(0.5),
+        loss_scale_policy=flow.optimizer.loss_scale.dynamic_loss_scale(**DYNAMIC)),
+        w_reg=flow.regularizers.l1_l2(0.01, 0.1))
+    traced = job._trace(default_session())
+    program = lower(traced.graph)
+    step = render(program, prefix="extras_")
+    emulator = Emulator(tmp_path)
+    lib = emulator.build(step.source, [la.kernel for la in step.launches], "-O1")
+    graph = program.graph
+    reference = {name: default_session().value(name).copy() for name in graph.variables}
+    device = {name: value.copy() for name, value in reference.items()}
+    inputs = _inputs_with_inf(3, {1})
+    for t in range(3):
+        scalars = _runtime_scalars(traced, t)
+        got, status = replay(emulator, lib, program, step, list(inputs[t]), device, scalars)
+        want, updates = run_reference(graph, list(inputs[t]), reference, scalars)
+        reference.update(updates)
+        assert status == 0
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+        for name in updates:
+            np.testing.assert_allclose(device[name], reference[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} @ {t}")
+    assert device["System-Train-DynamicLossScale-cuda_extras-LossScale"].tolist() == [2.0 ** 9]
 
 
 # ---------------------------------------------------------------------------------------------
