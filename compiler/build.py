@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import Graph, TensorType
-from flowc.compiler.optimizers import Optimizer, from_model_update_conf
+from flowc.compiler.optimizers import (DynamicLossScalePolicy, Optimizer, StaticLossScalePolicy, combine_losses,
+                                       from_model_update_conf)
 from flowc.compiler.trace import Blob, TraceContext, emit, tracing
 
 
@@ -66,7 +67,7 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
         return None, None
     if len(ctx.optimizers) + bool(ctx.losses) > 1:
         raise TraceError(f"{where}: a train job needs exactly one loss: call optimizer.minimize(loss) once "
-                         "(or flow.losses.add_loss once with config.train.* set)")
+                         "(with a list to minimize several losses), or flow.losses.add_loss with config.train.* set")
     if ctx.optimizers:
         return ctx.optimizers[0]
     if ctx.losses:
@@ -74,47 +75,173 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
         if train.primary_lr_value is None or train.update_conf is None:
             raise TraceError(f"{where}: flow.losses.add_loss() needs config.train.primary_lr(...) and "
                              "config.train.model_update_conf(...) in the job's function_config")
-        return from_model_update_conf(train.update_conf, train.primary_lr_value), ctx.losses[0]
+        loss = ctx.losses[0]
+        if len(ctx.losses) > 1:   # OneFlow adds the gradients of every loss
+            with tracing(ctx):
+                loss = combine_losses(ctx.losses, "flow.losses.add_loss", where)
+        return from_model_update_conf(train.update_conf, train.primary_lr_value), loss
     raise TraceError(f"{where}: a train job must call optimizer.minimize(loss), e.g. "
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
 
 def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer, loss: Blob) -> Graph:
+    """The backward pass and the update, in OneFlow's order: gradients of the loss (scaled by the
+    loss scale) divided by its instance count; the loss scale undone; the variables' regularizers
+    added; the global norm clipped; then each variable's update rule.  A dynamic loss scale keeps
+    every variable of a step whose gradients are not all finite and adjusts the scale."""
     session, builder = ctx.session, ctx.builder
-    trainable = {var: node for var, node in ctx.variable_nodes.items() if session.variables[var].trainable}
+    trainable = {var: node for var, node in ctx.variable_nodes.items()
+                 if session.variables[var].trainable and optimizer.updates(var)}
     if not trainable:
         raise TraceError(f"{builder.nodes[loss.id].loc}: optimizer.minimize: the job has no trainable variables")
+    e = GradEmitter(builder)
+    e.loc = builder.nodes[loss.id].loc
+    policy = optimizer.loss_scale_policy
     # OneFlow's rule: the update uses the gradient of the summed loss divided by the loss's
     # instance count (its TotalLossInstanceNum), i.e. the gradient of the mean loss.
-    instances = builder.types[loss.id].size
-    grads = differentiate(builder, loss.id, trainable.values(), scale=1.0 / max(instances, 1))
-    e = GradEmitter(builder)
+    instances = max(builder.types[loss.id].size, 1)
+    target, seed, dynamic = loss.id, 1.0 / instances, None
+    if isinstance(policy, StaticLossScalePolicy):
+        seed *= policy.loss_scale_factor
+    elif isinstance(policy, DynamicLossScalePolicy):
+        dynamic = _dynamic_loss_scale(ctx, policy, e.loc)
+        e.role = "backward"
+        target = e.op("multiply", loss.id, _as_dtype(e, dynamic.scale, builder.types[loss.id].dtype))
+    by_node = differentiate(builder, target, trainable.values(), scale=seed)
     e.role = "update"
+    grads = {var: by_node[node] for var, node in trainable.items() if node in by_node}
+    if not grads:
+        raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
+    for var, g in grads.items():
+        e.loc = session.variables[var].defined_at
+        if isinstance(policy, StaticLossScalePolicy):
+            g = e.op("multiply", g, e.const(1.0 / policy.loss_scale_factor, g))
+        elif dynamic is not None:
+            g = e.op("multiply", g, _as_dtype(e, dynamic.inverse, builder.types[g].dtype))
+        if var in ctx.regularizers:
+            g = _regularize(e, trainable[var], g, *ctx.regularizers[var])
+        grads[var] = g
+    if optimizer.grad_clipping is not None:
+        grads = _clip_by_global_norm(e, grads, optimizer.grad_clipping.clip_norm)
     assigns: dict[str, int] = {}
     scalars: dict[str, str] = {}
-    for var, var_node in trainable.items():
-        if var_node not in grads:
-            continue   # the loss does not depend on it: nothing to update
+    for var, g in grads.items():
+        var_node = trainable[var]
         var_type = builder.types[var_node]
         e.loc = session.variables[var].defined_at
         lr_name = f"learning_rate:{var_type.dtype}"
         scalars[lr_name] = var_type.dtype
         lr = e.op("scalar", name=lr_name, shape=(), dtype=var_type.dtype)
-        state = {s: _state_variable(ctx, f"{var}-{s}", var_type, e.loc) for s in optimizer.state_names}
-        new_value, new_state = optimizer.update(e, var_node, grads[var_node], state, lr)
+        state = {s.suffix: _state_variable(ctx, f"{var}-{s.suffix}",
+                                           TensorType((1,) if s.scalar else var_type.shape, var_type.dtype),
+                                           e.loc, optimizer.state_initial(s))
+                 for s in optimizer.state_specs()}
+        new_value, new_state = optimizer.update(e, var_node, g, state, lr, optimizer.weight_decay_for(var))
         assigns[var] = new_value
         for s, value in new_state.items():
             assigns[f"{var}-{s}"] = value
-    if not assigns:
-        raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
+    if dynamic is not None:
+        assert isinstance(policy, DynamicLossScalePolicy)
+        e.loc = builder.nodes[loss.id].loc
+        finite = _all_finite(e, list(grads.values()))
+        for name, value in list(assigns.items()):
+            assigns[name] = e.op("select_nonzero", finite, value, ctx.variable_nodes[name])
+        assigns.update(_schedule_loss_scale(e, dynamic, policy, finite))
     variables = {var: session.variables[var].type for var in ctx.variable_nodes}
     return Graph(graph.name, list(builder.nodes), graph.outputs, assigns, variables, scalars,
                  graph.placeholders)
 
 
-def _state_variable(ctx: TraceContext, name: str, var_type: TensorType, loc: str) -> int:
-    ctx.session.declare_state_variable(name, TensorType(var_type.shape, var_type.dtype), loc)
+def _state_variable(ctx: TraceContext, name: str, var_type: TensorType, loc: str, initial: float = 0.0) -> int:
+    ctx.session.declare_state_variable(name, TensorType(var_type.shape, var_type.dtype), loc, initial)
     node = ctx.builder.add("variable", [], {"name": name, "shape": var_type.shape, "dtype": var_type.dtype},
                            loc=loc, name=name, role="update")
     ctx.variable_nodes[name] = node
     return node
+
+
+def _as_dtype(e: GradEmitter, x: int, dtype: str) -> int:
+    return x if e.type(x).dtype == dtype else e.op("cast", x, dtype=dtype)
+
+
+def _regularize(e: GradEmitter, w: int, g: int, l1: float, l2: float) -> int:
+    """OneFlow's l1_l2_regularize_gradient: `g + l1 * sign(w) + l2 * w`, sign(w) computed as
+    `(w >= 0) - (w <= 0)` (0 at 0 and at NaN)."""
+    if l1:
+        zero = e.const(0.0, w)
+        sign = e.op("subtract", e.op("eq_mask", e.op("maximum", w, zero), w),
+                    e.op("eq_mask", e.op("minimum", w, zero), w))
+        g = e.op("add", g, e.op("multiply", e.const(l1, w), sign))
+    if l2:
+        g = e.op("add", g, e.op("multiply", e.const(l2, w), w))
+    return g
+
+
+def _square_sum(e: GradEmitter, x: int) -> int:
+    axes = tuple(range(len(e.type(x).shape)))
+    return e.op("reduce_sum", e.op("multiply", x, x), axes=axes, keepdims=False)
+
+
+def _clip_by_global_norm(e: GradEmitter, grads: dict[str, int], clip_norm: float) -> dict[str, int]:
+    """Every gradient times `clip_norm / max(global_norm, clip_norm)` (in float32 when the gradients'
+    dtypes differ)."""
+    dtypes = {e.type(g).dtype for g in grads.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+    total = None
+    for g in grads.values():
+        part = _square_sum(e, _as_dtype(e, g, dtype))
+        total = part if total is None else e.op("add", total, part)
+    assert total is not None            # grads is not empty
+    clip = e.const(clip_norm, total)
+    factor = e.op("divide", clip, e.op("maximum", e.op("sqrt", total), clip))
+    return {var: e.op("multiply", g, _as_dtype(e, factor, e.type(g).dtype)) for var, g in grads.items()}
+
+
+def _all_finite(e: GradEmitter, grads: list[int]) -> int:
+    """A float32 scalar: 1 when every gradient element is finite, else 0 (the sum of g * 0 over all
+    gradients is 0, or NaN when one element is NaN or infinite)."""
+    total = None
+    for g in grads:
+        zeros = e.op("multiply", g, e.const(0.0, g))
+        part = _as_dtype(e, e.op("reduce_sum", zeros, axes=tuple(range(len(e.type(g).shape))), keepdims=False),
+                         "float32")
+        total = part if total is None else e.op("add", total, part)
+    assert total is not None
+    return e.op("eq_mask", total, e.const(0.0, total))
+
+
+@dataclass
+class _DynamicScale:
+    scale: int          # the loss scale variable, float32 (1,)
+    inverse: int        # 1 / scale
+    counter: int        # the good step counter, int64 (1,)
+    scale_name: str
+    counter_name: str
+
+
+def _dynamic_loss_scale(ctx: TraceContext, policy: DynamicLossScalePolicy, loc: str) -> _DynamicScale:
+    prefix = f"System-Train-DynamicLossScale-{ctx.job_name}"
+    scale_name, counter_name = f"{prefix}-LossScale", f"{prefix}-GoodStepCounter"
+    scale = _state_variable(ctx, scale_name, TensorType((1,), "float32"), loc, policy.initial_loss_scale)
+    counter = _state_variable(ctx, counter_name, TensorType((1,), "int64"), loc, 0)
+    e = GradEmitter(ctx.builder)
+    e.loc, e.role = loc, "update"
+    inverse = e.op("divide", e.const(1.0, scale), scale)
+    return _DynamicScale(scale, inverse, counter, scale_name, counter_name)
+
+
+def _schedule_loss_scale(e: GradEmitter, d: _DynamicScale, policy: DynamicLossScalePolicy,
+                         finite: int) -> dict[str, int]:
+    """OneFlow's dynamic_loss_scale_schedule: after a finite step the counter counts up and, at
+    `increment_period`, resets while the scale grows by `multiplier` (at most FLT_MAX); after a
+    non-finite step the counter resets and the scale shrinks by `multiplier` (at least 1)."""
+    counted = e.op("add", d.counter, e.const(1, d.counter))
+    period = e.const(policy.increment_period, d.counter)
+    reached = e.op("eq_mask", e.op("minimum", counted, period), period)
+    grown = e.op("minimum", e.op("multiply", d.scale, e.const(policy.multiplier, d.scale)),
+                 e.const(3.4028234663852886e38, d.scale))
+    shrunk = e.op("maximum", e.op("divide", d.scale, e.const(policy.multiplier, d.scale)), e.const(1.0, d.scale))
+    good_scale = e.op("select_nonzero", reached, grown, d.scale)
+    good_counter = e.op("select_nonzero", reached, e.const(0, d.counter), counted)
+    return {d.scale_name: e.op("select_nonzero", finite, good_scale, shrunk),
+            d.counter_name: e.op("select_nonzero", finite, good_counter, e.const(0, d.counter))}

@@ -60,6 +60,7 @@ class TraceContext:
     default_dtype: str = "float32"                  # function_config().default_data_type
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
+    regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property

@@ -18,7 +18,7 @@ from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
 from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing
-from flow import checkpoint, distribute, train
+from flow import checkpoint, distribute, regularizers, train
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
@@ -42,8 +42,8 @@ double = float64
 # The public API: what `from flow import *` binds and what linters count as re-exported.
 __all__ = [
     # submodules
-    "checkpoint", "config", "data", "distribute", "layers", "losses", "math", "nn", "optimizer", "scope", "train",
-    "typing",
+    "checkpoint", "config", "data", "distribute", "layers", "losses", "math", "nn", "optimizer", "regularizers",
+    "scope", "train", "typing",
     # data types
     "float", "double", "float32", "float64", "int8", "int32", "int64", "uint8",
     # errors

@@ -33,12 +33,12 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
         flat = emit("reshape", [x], {"shape": (x.shape[0], _prod(x.shape[1:]))}, api=api)
     weight = get_variable(f"{name}-weight", shape=(units, flat.shape[1]), dtype=x.dtype,
                           initializer=kernel_initializer or initializers.glorot_uniform_initializer(),
-                          trainable=trainable)
+                          regularizer=kernel_regularizer, trainable=trainable)
     out = emit("matmul", [flat, weight], {"transpose_a": False, "transpose_b": True}, name=name, api=api)
     if use_bias:
         bias = get_variable(f"{name}-bias", shape=(units,), dtype=x.dtype,
                             initializer=bias_initializer or initializers.constant_initializer(0),
-                            trainable=trainable)
+                            regularizer=bias_regularizer, trainable=trainable)
         out = emit("add", [out, bias], name=name, api=api)
     if activation is not None:
         out = activation(out)
@@ -83,12 +83,12 @@ def conv2d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
     weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
                           initializer=kernel_initializer or initializers.xavier_uniform_initializer(
                               data_format=data_format),
-                          trainable=trainable)
+                          regularizer=kernel_regularizer, trainable=trainable)
     out = nn.conv2d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
     if use_bias:
         bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
                             initializer=bias_initializer or initializers.constant_initializer(0),
-                            trainable=trainable)
+                            regularizer=bias_regularizer, trainable=trainable)
         out = nn.bias_add(out, bias, data_format)
     if activation is not None:
         out = activation(out)
@@ -125,9 +125,9 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     kept[axis] = channels
     reduce_axes = [d for d in range(rank) if d != axis]
 
-    def variable(suffix, initializer, is_trainable):
+    def variable(suffix, initializer, is_trainable, regularizer=None):
         v = get_variable(f"{name}-{suffix}", shape=(channels,), dtype=x.dtype, initializer=initializer,
-                         trainable=is_trainable)
+                         regularizer=regularizer, trainable=is_trainable)
         return reshape(v, kept), v
 
     moving_mean, mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(),
@@ -145,9 +145,11 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         centered, var = x - moving_mean, moving_var
     out = centered / math.sqrt(var + epsilon)
     if scale:
-        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable)
+        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable,
+                            gamma_regularizer)
         out = out * gamma
     if center:
-        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable)
+        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable,
+                           beta_regularizer)
         out = out + beta
     return out

@@ -1,4 +1,13 @@
-"""`flow.optimizer`: SGD, Adam and learning-rate schedules."""
-from flowc.compiler.optimizers import SGD, Adam, PiecewiseConstantScheduler  # noqa: F401
+"""`flow.optimizer`: optimizers, learning-rate schedules, warmup, gradient clipping and loss scaling."""
+from flowc.compiler.optimizers import (LAMB, LARS, SGD, SGDW, Adam, AdamW, CombinedOptimizer,  # noqa: F401
+                                       CosineScheduler, CustomScheduler, ExponentialScheduler,
+                                       InverseTimeScheduler, LazyAdam, LinearCosineScheduler, LrScheduler,
+                                       NaturalExpScheduler, Optimizer, PiecewiseConstantScheduler,
+                                       PiecewiseScalingScheduler, PolynomialSchduler, PolynomialScheduler, RMSProp,
+                                       grad_clipping, loss_scale, warmup)
 
-__all__ = ["SGD", "Adam", "PiecewiseConstantScheduler"]
+__all__ = ["SGD", "SGDW", "Adam", "AdamW", "LazyAdam", "LAMB", "LARS", "RMSProp", "CombinedOptimizer", "Optimizer",
+           "LrScheduler", "PiecewiseConstantScheduler", "PiecewiseScalingScheduler", "PolynomialScheduler",
+           "PolynomialSchduler", "CosineScheduler", "LinearCosineScheduler", "ExponentialScheduler",
+           "InverseTimeScheduler", "NaturalExpScheduler", "CustomScheduler",
+           "grad_clipping", "warmup", "loss_scale"]

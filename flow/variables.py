@@ -40,8 +40,20 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
         raise TraceError(f"{loc}: {api}: initializer of {name!r} must be a flow initializer such as "
                          f"flow.truncated_normal(0.1), got {initializer!r}")
     ctx.session.declare_variable(name, TensorType(shape, dtype), initializer, bool(trainable), loc)
+    if regularizer is not None:
+        _set_regularizer(ctx, name, regularizer, loc)
     if name in ctx.variable_nodes:
         return Blob(ctx, ctx.variable_nodes[name])
     blob = emit("variable", [], {"name": name, "shape": shape, "dtype": dtype}, name=name, api=api)
     ctx.variable_nodes[name] = blob.id
     return blob
+
+
+def _set_regularizer(ctx, name: str, regularizer, loc: str) -> None:
+    """Record the variable's L1/L2 penalty for this job's backward pass (OneFlow keeps it in the
+    variable's op, so each job that declares the variable says whether it is regularized there)."""
+    l1, l2 = getattr(regularizer, "l1", None), getattr(regularizer, "l2", None)
+    if not isinstance(l1, (int, float)) or not isinstance(l2, (int, float)):
+        raise TraceError(f"{loc}: flow.get_variable: regularizer of {name!r} must be flow.regularizers.l1(...), "
+                         f"l2(...) or l1_l2(...), got {regularizer!r}")
+    ctx.regularizers[name] = (float(l1), float(l2))

@@ -58,10 +58,12 @@ class Session:
                              f"trainable={slot.trainable} at {slot.defined_at}")
         return slot
 
-    def declare_state_variable(self, name: str, type_: TensorType, loc: str) -> VariableSlot:
-        """Register an optimizer's state variable (momentum, Adam's moments): zeros, not trainable."""
-        from flowc.runtime.initializers import zeros_initializer
-        return self.declare_variable(name, type_, zeros_initializer(), False, loc)
+    def declare_state_variable(self, name: str, type_: TensorType, loc: str, initial: float = 0.0) -> VariableSlot:
+        """Register an optimizer's state variable (momentum, Adam's moments: zeros; LAMB's beta1_t,
+        a dynamic loss scale: `initial`), not trainable."""
+        from flowc.runtime.initializers import constant_initializer, zeros_initializer
+        init = constant_initializer(initial) if initial else zeros_initializer()
+        return self.declare_variable(name, type_, init, False, loc)
 
     def value(self, name: str) -> np.ndarray:
         """The variable's storage, initialized on first use."""

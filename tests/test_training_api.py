@@ -118,7 +118,7 @@ def numpy_training(rule, lrs, steps, b_trainable=True, **hp):
 def piecewise(boundaries, values):
     def lr(step):
         for boundary, value in zip(boundaries, values):
-            if step < boundary:
+            if step <= boundary:        # OneFlow's kernel: values[i] through step == boundaries[i]
                 return value
         return values[-1]
     return lr
@@ -218,9 +218,9 @@ def test_one_step_of_sgd_by_hand():
     np.testing.assert_allclose(default_session().value("b"), b0 - 0.05 * 2 * r.sum(axis=0), rtol=1e-5)
 
 
-def test_piecewise_constant_scheduler_changes_lr_at_steps_5_and_10():
+def test_piecewise_constant_scheduler_changes_lr_after_steps_5_and_10():
     sched = flow.optimizer.PiecewiseConstantScheduler([5, 10], [0.1, 0.05, 0.01])
-    assert [sched.learning_rate(t) for t in (0, 4, 5, 9, 10, 19)] == [0.1, 0.1, 0.05, 0.05, 0.01, 0.01]
+    assert [sched.learning_rate(t) for t in (0, 5, 6, 10, 11, 19)] == [0.1, 0.1, 0.05, 0.05, 0.01, 0.01]
     losses = train_against_reference(piecewise_job, PIECEWISE, steps=20)
     assert_matches_numpy(numpy_training("sgd", PIECEWISE, 20), losses)
     # The schedule matters: a constant 0.1 would end elsewhere.
@@ -278,7 +278,7 @@ def test_old_positional_config_with_train_settings_makes_a_train_job():
     assert job.job_type == "train"
 
 
-@pytest.mark.parametrize("conf", [{"naive_conf": {}, "momentum_conf": {}}, {"rmsprop_conf": {}}, "naive"])
+@pytest.mark.parametrize("conf", [{"naive_conf": {}, "momentum_conf": {}}, {"adagrad_conf": {}}, "naive"])
 def test_bad_model_update_conf_is_a_clear_error(conf):
     job = make_old_style_job(conf, "bad_conf")
     with pytest.raises(ValueError, match="model_update_conf"):
