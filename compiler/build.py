@@ -7,14 +7,15 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import Graph, TensorType
 from flowc.compiler.optimizers import Optimizer, from_model_update_conf
-from flowc.compiler.trace import Blob, TraceContext, emit, tracing
+from flowc.compiler.trace import Blob, TraceContext, WatchSpec, emit, tracing
 
 
 @dataclass
@@ -22,6 +23,8 @@ class TracedJob:
     graph: Graph
     layout: Any
     optimizer: Optimizer | None
+    # (watch, index in graph.outputs) of every watch whose handler is called, in registration order
+    watches: list[tuple[WatchSpec, int]] = field(default_factory=list)
 
 
 def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequence, result_spec,
@@ -47,13 +50,42 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     graph = Graph(name, list(ctx.builder.nodes), [b.id for b in flat], {},
                   {var: session.variables[var].type for var in ctx.variable_nodes},
                   {}, list(ctx.placeholders))
+    diffs: dict[int, int] = {}
     if optimizer is not None:
         assert loss is not None           # _training_target gives both or neither
-        graph = _add_backward_and_update(ctx, graph, optimizer, loss)
+        graph, diffs = _add_backward_and_update(ctx, graph, optimizer, loss)
     graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
+    watches = _watch_outputs(ctx, graph, diffs)
     graph.verify()
-    return TracedJob(graph, layout, optimizer)
+    return TracedJob(graph, layout, optimizer, watches)
+
+
+def _watch_outputs(ctx: TraceContext, graph: Graph, diffs: dict[int, int]) -> list[tuple[WatchSpec, int]]:
+    """Make every watched value an extra result of the step (after the job's own results), in the
+    order the job asked; return each watch with its index in `graph.outputs`.
+
+    A result must exist in memory after the step: fusion stores it and the memory plan keeps it to
+    the end of the step, as for any returned Blob.  Without watches the graph is unchanged.
+    A `watch_diff` whose Blob has no gradient is dropped with a warning, as OneFlow skips it
+    silently: in a predict job (no backward pass), or for a Blob that does not lie between a
+    trainable variable and the loss (a placeholder, say).
+    """
+    watches = []
+    for w in ctx.watches:
+        node = w.node
+        if w.kind == "diff":
+            if ctx.job_type != "train" or node not in diffs:
+                why = (f"job {ctx.job_name!r} is a {ctx.job_type} job, which has no backward pass"
+                       if ctx.job_type != "train" else
+                       "the loss does not depend on it through a trainable variable, so it has no gradient")
+                warnings.warn(f"{w.loc}: flow.watch_diff: {why}; its handler is never called (as in OneFlow)",
+                              UserWarning, stacklevel=2)
+                continue
+            node = diffs[node]
+        graph.outputs.append(node)
+        watches.append((w, len(graph.outputs) - 1))
+    return watches
 
 
 def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer | None, Blob | None]:
@@ -76,7 +108,10 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
 
-def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer, loss: Blob) -> Graph:
+def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer,
+                             loss: Blob) -> tuple[Graph, dict[int, int]]:
+    """The graph with its backward pass and optimizer updates, and {node: its diff} for the nodes
+    the job watches with `flow.watch_diff` that have one."""
     session, builder = ctx.session, ctx.builder
     trainable = {var: node for var, node in ctx.variable_nodes.items() if session.variables[var].trainable}
     if not trainable:
@@ -84,7 +119,9 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
     # OneFlow's rule: the update uses the gradient of the summed loss divided by the loss's
     # instance count (its TotalLossInstanceNum), i.e. the gradient of the mean loss.
     instances = builder.types[loss.id].size
-    grads = differentiate(builder, loss.id, trainable.values(), scale=1.0 / max(instances, 1))
+    watched = [w.node for w in ctx.watches if w.kind == "diff"]
+    grads = differentiate(builder, loss.id, trainable.values(), scale=1.0 / max(instances, 1), also=watched)
+    diffs = _watched_diffs(builder, grads, watched, instances, optimizer)
     e = GradEmitter(builder)
     e.role = "update"
     assigns: dict[str, int] = {}
@@ -106,7 +143,30 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
     variables = {var: session.variables[var].type for var in ctx.variable_nodes}
     return Graph(graph.name, list(builder.nodes), graph.outputs, assigns, variables, scalars,
-                 graph.placeholders)
+                 graph.placeholders), diffs
+
+
+def _watched_diffs(builder, grads: dict[int, int], watched: list[int], instances: int,
+                   optimizer: Optimizer) -> dict[int, int]:
+    """{watched node: its diff as OneFlow's watch_diff sees it}.
+
+    OneFlow seeds the backward pass with ones (times the loss scale, where the optimizer has one)
+    and divides only the variables' gradients by the loss's instance count, after the watchers
+    took theirs; flowc folds that division into the seed instead, so a watched diff is scaled
+    back here (exact when the count is a power of two, within a rounding otherwise).  The nodes
+    exist only in a job that watches diffs: other jobs' graphs are unchanged.
+    """
+    factor = float(max(instances, 1)) * float(getattr(optimizer, "loss_scale_factor", None) or 1.0)
+    e = GradEmitter(builder)
+    e.role = "backward"
+    diffs = {}
+    for node in dict.fromkeys(watched):
+        if node not in grads:
+            continue
+        g = grads[node]
+        e.loc = builder.nodes[node].loc
+        diffs[node] = g if factor == 1.0 else e.op("multiply", g, e.const(factor, g))
+    return diffs
 
 
 def _state_variable(ctx: TraceContext, name: str, var_type: TensorType, loc: str) -> int:

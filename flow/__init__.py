@@ -23,6 +23,7 @@ from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.variables import get_variable
+from flow.watch import watch, watch_diff
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
@@ -53,6 +54,8 @@ __all__ = [
     # job functions and the session
     "FunctionConfig", "function_config", "global_function", "clear_default_session", "sync_default_session",
     "compile_cache_stats", "fixed_placement", "FixedTensorDef",
+    # watching values and gradients
+    "watch", "watch_diff",
 ]
 
 __version__ = "0.1.0"
