@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
-from flowc.compiler.ir import Graph, TensorType
+from flowc.compiler.ir import Graph, GraphBuilder, TensorType
 from flowc.compiler.optimizers import Optimizer, from_model_update_conf
 from flowc.compiler.trace import Blob, TraceContext, WatchSpec, emit, tracing
 
@@ -146,7 +146,7 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
                  graph.placeholders), diffs
 
 
-def _watched_diffs(builder, grads: dict[int, int], watched: list[int], instances: int,
+def _watched_diffs(builder: GraphBuilder, grads: dict[int, int], watched: list[int], instances: int,
                    optimizer: Optimizer) -> dict[int, int]:
     """{watched node: its diff as OneFlow's watch_diff sees it}.
 

@@ -77,7 +77,8 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("split_reductions", _graph_pass(canonicalize.split_reductions)),
     ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
     ("simplify_again", _graph_pass(simplify.simplify)),
-    ("snapshot_outputs", _graph_pass(snapshot.snapshot_assigned_variables)),   # no-op unless a result is an updated variable
+    # no-op unless a result is a variable that the step updates
+    ("snapshot_outputs", _graph_pass(snapshot.snapshot_assigned_variables)),
     ("fuse_elementwise", _form_kernels),
     ("fuse_epilogues", _fuse_epilogues),
     ("fuse_softmax_cross_entropy", _fuse_xent),
