@@ -180,14 +180,21 @@ def test_predict_jobs_watch_values_and_skip_diffs_with_a_warning():
         flow.watch(w, rec.numpy("w"))
         flow.watch(x, rec.numpy("x"))
         flow.watch_diff(y, rec.numpy("dy"))
-        return y + 1.0
+        t = y * 2.0                               # inside the fused loop (and the matmul's epilogue)
+        flow.watch(t, rec.numpy("t"))
+        s = flow.math.reduce_sum(t, axis=[1])     # a reduction whose result feeds a pointwise op
+        flow.watch(s, rec.numpy("s"))
+        return flow.nn.relu(t + 1.0) + flow.reshape(s, (4, 1))
     job = flow.global_function(type="predict")(predict)
     with pytest.warns(UserWarning, match=r"test_watch.py:\d+: flow.watch_diff: job 'predict' is a predict job"):
         out = job(X)
-    assert rec.names() == ["w", "x"]
+    assert rec.names() == ["w", "x", "t", "s"]
+    y = X.astype(np.float64) @ np.ones((3, 2))
+    np.testing.assert_allclose(rec.value("t"), 2 * y, rtol=1e-6)
+    np.testing.assert_allclose(rec.value("s"), (2 * y).sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(out, np.maximum(2 * y + 1, 0) + (2 * y).sum(axis=1, keepdims=True), rtol=1e-5)
     np.testing.assert_array_equal(rec.value("w"), np.ones((3, 2), np.float32))
     np.testing.assert_array_equal(rec.value("x"), X)
-    np.testing.assert_allclose(out, X @ np.ones((3, 2), np.float32) + 1, rtol=1e-6)
 
 
 def test_watch_diff_on_a_blob_without_a_gradient_warns_and_is_never_called():
