@@ -64,6 +64,8 @@ class Call:
         self.computed.set()
         self.decided = threading.Event()
         self.decided.set()
+        self.watched = threading.Event()    # its watch handlers never run here
+        self.watched.set()
 
     def wait_computed(self) -> None:
         while not self.computed.wait(timeout=0.1):   # a timeout keeps Ctrl-C working
