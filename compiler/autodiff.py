@@ -57,12 +57,16 @@ def _accumulate(e: GradEmitter, grads: dict[int, int], node_id: int, g: int) -> 
         grads[node_id] = g
 
 
-def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int], scale: float = 1.0) -> dict[int, int]:
+def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int], scale: float = 1.0,
+                  also: Iterable[int] = ()) -> dict[int, int]:
     """Append scale * d(sum(loss))/d(w) for every w in `wrt` to `builder`; return {w: grad id}.
 
-    A `w` that the loss does not depend on is left out of the result.
+    A `w` that the loss does not depend on is left out of the result.  `also` names more nodes
+    whose gradient the caller wants if the backward pass makes one anyway (a node between `wrt`
+    and the loss: `flow.watch_diff`); they widen nothing, so the backward pass is the same.
     """
     wrt = list(wrt)
+    also = list(also)
     loss_type = builder.types[loss]
     if loss_type.dtype not in FLOAT_DTYPES:
         raise GradientError(f"the loss must be floating point, got {loss_type}")
@@ -94,4 +98,4 @@ def differentiate(builder: GraphBuilder, loss: int, wrt: Iterable[int], scale: f
         for inp, g in zip(n.inputs, input_grads):
             if g is not None and inp in active:
                 _accumulate(e, grads, inp, g)
-    return {w: grads[w] for w in wrt if w in grads}
+    return {w: grads[w] for w in wrt + also if w in grads}

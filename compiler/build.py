@@ -7,15 +7,16 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
-from flowc.compiler.ir import Graph, TensorType
+from flowc.compiler.ir import Graph, GraphBuilder, TensorType
 from flowc.compiler.optimizers import (DynamicLossScalePolicy, Optimizer, StaticLossScalePolicy, combine_losses,
                                        from_model_update_conf)
-from flowc.compiler.trace import Blob, TraceContext, emit, tracing
+from flowc.compiler.trace import Blob, TraceContext, WatchSpec, emit, tracing
 
 
 @dataclass
@@ -23,6 +24,8 @@ class TracedJob:
     graph: Graph
     layout: Any
     optimizer: Optimizer | None
+    # (watch, index in graph.outputs) of every watch whose handler is called, in registration order
+    watches: list[tuple[WatchSpec, int]] = field(default_factory=list)
 
 
 def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequence, result_spec,
@@ -51,13 +54,42 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     graph = Graph(name, list(ctx.builder.nodes), [b.id for b in flat], {},
                   {var: session.variables[var].type for var in ctx.variable_nodes},
                   {}, list(ctx.placeholders))
+    diffs: dict[int, int] = {}
     if optimizer is not None:
         assert loss is not None           # _training_target gives both or neither
-        graph = _add_backward_and_update(ctx, graph, optimizer, loss)
+        graph, diffs = _add_backward_and_update(ctx, graph, optimizer, loss)
     graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
+    watches = _watch_outputs(ctx, graph, diffs)
     graph.verify()
-    return TracedJob(graph, layout, optimizer)
+    return TracedJob(graph, layout, optimizer, watches)
+
+
+def _watch_outputs(ctx: TraceContext, graph: Graph, diffs: dict[int, int]) -> list[tuple[WatchSpec, int]]:
+    """Make every watched value an extra result of the step (after the job's own results), in the
+    order the job asked; return each watch with its index in `graph.outputs`.
+
+    A result must exist in memory after the step: fusion stores it and the memory plan keeps it to
+    the end of the step, as for any returned Blob.  Without watches the graph is unchanged.
+    A `watch_diff` whose Blob has no gradient is dropped with a warning, as OneFlow skips it
+    silently: in a predict job (no backward pass), or for a Blob that does not lie between a
+    trainable variable and the loss (a placeholder, say).
+    """
+    watches = []
+    for w in ctx.watches:
+        node = w.node
+        if w.kind == "diff":
+            if ctx.job_type != "train" or node not in diffs:
+                why = (f"job {ctx.job_name!r} is a {ctx.job_type} job, which has no backward pass"
+                       if ctx.job_type != "train" else
+                       "the loss does not depend on it through a trainable variable, so it has no gradient")
+                warnings.warn(f"{w.loc}: flow.watch_diff: {why}; its handler is never called (as in OneFlow)",
+                              UserWarning, stacklevel=2)
+                continue
+            node = diffs[node]
+        graph.outputs.append(node)
+        watches.append((w, len(graph.outputs) - 1))
+    return watches
 
 
 def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer | None, Blob | None]:
@@ -84,11 +116,15 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
 
-def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer, loss: Blob) -> Graph:
+def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer,
+                             loss: Blob) -> tuple[Graph, dict[int, int]]:
     """The backward pass and the update, in OneFlow's order: gradients of the loss (scaled by the
     loss scale) divided by its instance count; the loss scale undone; the variables' regularizers
     added; the global norm clipped; then each variable's update rule.  A dynamic loss scale keeps
-    every variable of a step whose gradients are not all finite and adjusts the scale."""
+    every variable of a step whose gradients are not all finite and adjusts the scale.
+
+    Returns the graph and {node: its diff} for the nodes the job watches with `flow.watch_diff`
+    that have one."""
     session, builder = ctx.session, ctx.builder
     trainable = {var: node for var, node in ctx.variable_nodes.items()
                  if session.variables[var].trainable and optimizer.updates(var)}
@@ -107,7 +143,9 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         dynamic = _dynamic_loss_scale(ctx, policy, e.loc)
         e.role = "backward"
         target = e.op("multiply", loss.id, _as_dtype(e, dynamic.scale, builder.types[loss.id].dtype))
-    by_node = differentiate(builder, target, trainable.values(), scale=seed)
+    watched = [w.node for w in ctx.watches if w.kind == "diff"]
+    by_node = differentiate(builder, target, trainable.values(), scale=seed, also=watched)
+    diffs = _watched_diffs(builder, by_node, watched, instances)
     e.role = "update"
     grads = {var: by_node[node] for var, node in trainable.items() if node in by_node}
     if not grads:
@@ -149,7 +187,29 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         assigns.update(_schedule_loss_scale(e, dynamic, policy, finite))
     variables = {var: session.variables[var].type for var in ctx.variable_nodes}
     return Graph(graph.name, list(builder.nodes), graph.outputs, assigns, variables, scalars,
-                 graph.placeholders)
+                 graph.placeholders), diffs
+
+
+def _watched_diffs(builder: GraphBuilder, grads: dict[int, int], watched: list[int], instances: int) -> dict[int, int]:
+    """{watched node: its diff as OneFlow's watch_diff sees it}.
+
+    OneFlow seeds the backward pass with ones times the loss scale (static or dynamic) and divides
+    only the variables' gradients by the loss's instance count, after the watchers took theirs;
+    flowc folds that division into the seed, so a watched diff is multiplied back here (exact when
+    the count is a power of two, within a rounding otherwise).  The loss scale is already in the
+    seed.  The nodes exist only in a job that watches diffs: other jobs' graphs are unchanged.
+    """
+    factor = float(max(instances, 1))
+    e = GradEmitter(builder)
+    e.role = "backward"
+    diffs = {}
+    for node in dict.fromkeys(watched):
+        if node not in grads:
+            continue
+        g = grads[node]
+        e.loc = builder.nodes[node].loc
+        diffs[node] = g if factor == 1.0 else e.op("multiply", g, e.const(factor, g))
+    return diffs
 
 
 def _state_variable(ctx: TraceContext, name: str, var_type: TensorType, loc: str, initial: float = 0.0) -> int:

@@ -18,7 +18,7 @@ from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
-from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify
+from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify, snapshot
 from flowc.compiler.program import Program
 
 
@@ -77,6 +77,8 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("split_reductions", _graph_pass(canonicalize.split_reductions)),
     ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
     ("simplify_again", _graph_pass(simplify.simplify)),
+    # no-op unless a result is a variable that the step updates
+    ("snapshot_outputs", _graph_pass(snapshot.snapshot_assigned_variables)),
     ("fuse_elementwise", _form_kernels),
     ("fuse_epilogues", _fuse_epilogues),
     ("fuse_softmax_cross_entropy", _fuse_xent),

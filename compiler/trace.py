@@ -44,6 +44,21 @@ def user_location() -> str:
     return "<unknown>"
 
 
+@dataclass(frozen=True)
+class WatchSpec:
+    """One `flow.watch` / `flow.watch_diff` of a traced job: what is watched and who receives it.
+
+    `kind` is "value" or "diff"; `node` the watched Blob's node; `handler` the user's function,
+    called with the value converted as `convert` says ("numpy", "list_numpy" or "blob": the
+    old API's LocalBlob, for a handler without annotation); `loc` the user's line that asked.
+    """
+    kind: str
+    node: int
+    handler: Any
+    convert: str
+    loc: str
+
+
 @dataclass
 class TraceContext:
     """Everything recorded while one job function is traced."""
@@ -61,6 +76,7 @@ class TraceContext:
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
+    watches: list[WatchSpec] = field(default_factory=list)  # flow.watch / flow.watch_diff, in call order
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property

@@ -28,6 +28,7 @@ from flow.indexing import (assign, broadcast_like, cast_to_current_logical_view,
                            zeros_like)
 from flow.variables import get_variable
 from flow.math import clip_by_value, clip_by_value as clip, clip_by_value as clamp, clip_by_value as clip_by_scalar
+from flow.watch import watch, watch_diff
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
@@ -64,6 +65,8 @@ __all__ = [
     # job functions and the session
     "FunctionConfig", "function_config", "global_function", "clear_default_session", "sync_default_session",
     "compile_cache_stats", "fixed_placement", "FixedTensorDef", "MirroredTensorDef", "MirroredTensorListDef",
+    # watching values and gradients
+    "watch", "watch_diff",
 ]
 
 __version__ = "0.1.0"

@@ -40,6 +40,14 @@ class Call:
         self.wants_callback = False         # the callback actor must run something for it
         self.decided = threading.Event()    # the callback (or none) is known
         self.delivered = False              # .get() or a sync call took the result (or its error)
+        # flow.watch / flow.watch_diff handlers: (WatchSpec, index in the outputs), run after the step
+        traced = getattr(ready, "traced", None)
+        self.watches: list = list(getattr(traced, "watches", None) or [])
+        self.watched = threading.Event()    # the watch handlers have run (or will not)
+        self.watch_errors: list[BaseException] = []
+        self.caller_takes_watch_errors = False   # a sync call raises its handlers' errors itself
+        if not self.watches:
+            self.watched.set()
 
     def decide(self, callback: Callable | None) -> None:
         self.callback = callback
@@ -56,6 +64,8 @@ class Call:
         self.computed.set()
         self.decided = threading.Event()
         self.decided.set()
+        self.watched = threading.Event()    # its watch handlers never run here
+        self.watched.set()
 
     def wait_computed(self) -> None:
         while not self.computed.wait(timeout=0.1):   # a timeout keeps Ctrl-C working
@@ -67,10 +77,38 @@ class Call:
             raise self.error
         return self.converted()
 
+    def run_watches(self) -> None:
+        """Call each watch handler, in the order the job registered them, with this step's value
+        converted as its annotation asks; keep their exceptions in `watch_errors`.  A handler that
+        raises does not stop the others (nor the job's callback)."""
+        try:
+            if self.error is None and self.outputs is not None:
+                for spec, index in self.watches:
+                    try:
+                        spec.handler(watched_value(spec.convert, self.outputs[index]))
+                    except Exception as err:  # noqa: BLE001 - kept and raised like a callback's error
+                        self.watch_errors.append(err)
+        finally:
+            self.watched.set()
+
+    def wait_watched(self) -> None:
+        while not self.watched.wait(timeout=0.1):   # a timeout keeps Ctrl-C working
+            pass
+
     def converted(self) -> Any:
         """The user's value of a call computed without an error."""
         assert self.outputs is not None, "the call has no outputs"
         return self.convert(self.outputs)
+
+
+def watched_value(convert: str, array: np.ndarray) -> Any:
+    """A watched value as its handler's annotation asks (`flow.watch`): "numpy" an ndarray,
+    "list_numpy" a list with one per device (one here), "blob" a LocalBlob (no annotation)."""
+    if convert == "numpy":
+        return array
+    if convert == "list_numpy":
+        return [array]
+    return LocalBlob(array)
 
 
 def check_callback(cb: Any, what: str) -> Callable:
@@ -194,7 +232,10 @@ class JobFuture:
         self._call.delivered = True
         self._call.decide(None)
         self._session.raise_pending_error()
-        return self._call.value()
+        value = self._call.value()
+        self._call.wait_watched()            # the watch handlers of this call have run
+        self._session.raise_pending_error()
+        return value
 
     def async_get(self, callback: Callable) -> None:
         """Run `callback(result)` on the callback thread when the step is done."""

@@ -373,7 +373,11 @@ class JobFunction:
             hold = ready.register.acquire(wait_for_room=running_callback_of() is None,
                                           callbacks_waiting_for_caller=pipeline.callbacks_wait_for_caller)
             layout = ready.traced.layout
-            if synchronous:
+            # flow.watch handlers run on the callback thread: a watched sync call goes through the
+            # pipeline (inside a callback, it runs them itself, on this very thread, afterwards).
+            watched = bool(ready.traced.watches)
+            in_callback = running_callback_of() is not None
+            if synchronous and not watched:
                 outputs = pipeline.run_now(ready, hold, arrays)   # None: calls in flight
                 if outputs is not None:
                     return rebuild_result(layout, outputs)
@@ -386,8 +390,11 @@ class JobFunction:
                 call = Call(self, ready, hold, lambda outs: rebuild_result(layout, outs, LocalBlob))
             else:
                 call = Call(self, ready, hold, lambda outs: rebuild_result(layout, outs))
-            call.wants_callback = not synchronous
+            call.wants_callback = not synchronous or (watched and not in_callback)
             call.delivered = synchronous
+            call.caller_takes_watch_errors = synchronous
+            if synchronous and call.wants_callback:
+                call.decide(None)             # no callback: the actor runs the watch handlers only
             hold.call = call
             pipeline.submit(call)
         finally:
@@ -396,7 +403,10 @@ class JobFunction:
             return CallbackRegistrar(call)
         if self.old_api:
             return JobFuture(call, pipeline)
-        return call.value()
+        value = call.value()
+        if watched:
+            _deliver_watches_to_caller(call, in_callback)
+        return value
 
     def _begin_call(self) -> ReadyStep:
         """The job ready in the default session, entered (`Session.begin_call`) so that clearing the
@@ -521,6 +531,17 @@ def _describe_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"a {type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+def _deliver_watches_to_caller(call: Call, in_callback: bool) -> None:
+    """A synchronous call returns once its watch handlers have run (on the callback thread; inside
+    a callback, on this thread, which is that thread); the first error of one is raised here."""
+    if in_callback:
+        call.run_watches()
+    else:
+        call.wait_watched()
+    if call.watch_errors:
+        raise call.watch_errors[0]
 
 
 def _runtime_scalars(traced, step: int) -> dict[str, float]:

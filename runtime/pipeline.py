@@ -156,8 +156,24 @@ class Pipeline:
             register.finish(call.hold)
             self._finished(call.ticket)
 
+    def _run_watches(self, call: Call) -> None:
+        """The call's watch handlers (flow.watch), before its callback and before waiting for a
+        decision: they do not depend on how the result is taken.  Their errors go to the caller of
+        a synchronous call, else to the next sync point, as a callback's do."""
+        if not call.watches or self._abandoned:
+            call.watched.set()
+            return
+        _thread_state.callback_of = call
+        try:
+            call.run_watches()
+        finally:
+            _thread_state.callback_of = None
+        if not call.caller_takes_watch_errors:
+            self._errors.extend(call.watch_errors)
+
     def _run_callback(self, call: Call) -> None:
         try:
+            self._run_watches(call)
             if not call.decided.is_set():
                 self._waiting_for_decision = True
                 call.ready.register.changed()
@@ -178,6 +194,7 @@ class Pipeline:
         except BaseException as err:
             self._errors.append(err)
         finally:
+            call.watched.set()
             call.ready.register.finish(call.hold)
             self._finished(call.ticket)
 

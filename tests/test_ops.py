@@ -180,8 +180,10 @@ def test_every_op_is_covered():
     seen |= covered_ops()
     # gradient ops appear in the cases' backward graphs; dropout_mask is tested in tests/test_lenet.py,
     # device_copy (inserted by the placement pass only) in tests/test_cuda_codegen.py, select_nonzero (emitted by
-    # the optimizer update only) in tests/test_optimizers_oneflow.py
-    missing = sorted(set(OPS) - seen - {"variable", "scalar", "dropout_mask", "device_copy", "select_nonzero"})
+    # the optimizer update only) in tests/test_optimizers_oneflow.py, snapshot (inserted by the snapshot_outputs
+    # pass only) in tests/test_train_semantics.py
+    missing = sorted(set(OPS) - seen - {"variable", "scalar", "dropout_mask", "device_copy", "select_nonzero",
+                                        "snapshot"})
     assert not missing, f"ops without a test case: {missing}"
 
 

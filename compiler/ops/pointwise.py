@@ -348,3 +348,14 @@ def _transpose_strides(attrs: dict, in_shape: tuple, out_shape: tuple) -> list[i
 register(OpRule("transpose", "pointwise", _infer_transpose,
                 lambda x, perm: np.ascontiguousarray(np.transpose(x, perm)), _transpose_grad,
                 c_expr="{0}", input_strides=_transpose_strides))
+
+
+def _snapshot_grad(e, node, dy):
+    return [dy]
+
+
+# A copy of a value taken where it is computed: the `snapshot_outputs` pass (compiler/passes/
+# snapshot.py) inserts it for a train step's result that would otherwise be read from a variable's
+# buffer after this step's update.  Never traced, so simplify never sees (or folds) it.
+register(OpRule("snapshot", "pointwise", _unary_any, lambda x: np.array(x, copy=True), _snapshot_grad,
+                c_expr="{0}"))

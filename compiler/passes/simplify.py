@@ -81,7 +81,10 @@ def fold_constants(graph: Graph) -> Graph:
         rule = OPS[n.op]
         values = [_uniform_value(builder, i) for i in inputs]
         if rule.kind == "pointwise" and inputs and all(v is not None for v in values):
-            args = [np.asarray(v, dtype=builder.types[i].dtype) for v, i in zip(values, inputs)]
+            # Each operand at its own rank (all dims 1): a reference that checks its input's rank
+            # (transpose's perm) sees the rank it was traced with; the value is the same either way.
+            args = [np.full((1,) * len(builder.types[i].shape), v, dtype=builder.types[i].dtype)
+                    for v, i in zip(values, inputs)]
             folded = np.asarray(rule.reference(*args, **n.attr_dict)).reshape(-1)[0]
             return builder.add("constant", [], {"value": folded.item(), "shape": n.type.shape,
                                                 "dtype": n.type.dtype}, loc=n.loc, role=n.role)
