@@ -342,3 +342,33 @@ def test_a_watched_sync_call_inside_a_callback_runs_its_handlers_there():
     assert seen_after_call == [["inner"]]
     np.testing.assert_array_equal(rec.value("inner"), [6, 9])
     assert rec.seen[0][2] != threading.main_thread().name
+
+
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_watched_diffs_carry_the_loss_scale_as_in_oneflow(policy):
+    """OneFlow seeds the backward pass with the loss scale, so a watcher sees the scaled diff; the
+    update itself is unscaled (the same variables as without a scale)."""
+    seen = []
+
+    def grad(value: tp.Numpy) -> None:
+        seen.append(np.array(value, copy=True))
+
+    scale = {"static": flow.optimizer.loss_scale.static_loss_scale(8.0),
+             "dynamic": flow.optimizer.loss_scale.dynamic_loss_scale(initial_loss_scale=8.0)}[policy]
+
+    @flow.global_function(type="train")
+    def job(x: tp.Numpy.Placeholder((4, 3), dtype=flow.float)) -> tp.Numpy:
+        w = flow.get_variable("w_scaled", shape=(3,), initializer=flow.ones_initializer())
+        y = x * w
+        loss = flow.math.reduce_sum(y * y, axis=1)
+        flow.watch_diff(y, grad)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.01]), momentum=0,
+                           loss_scale_policy=scale).minimize(loss)
+        return loss
+
+    job(X)
+    flow.sync_default_session()
+    # d(sum of the 4 losses)/dy = 2y, times the loss scale
+    np.testing.assert_allclose(seen[0], 8.0 * 2 * X, rtol=1e-5)
+    want_w = 1.0 - 0.01 * (2 * X * X).sum(0) / 4
+    np.testing.assert_allclose(flow.get_all_variables()["w_scaled"].numpy(), want_w, rtol=1e-5)
