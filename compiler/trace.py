@@ -59,6 +59,7 @@ class TraceContext:
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
+    namespaces: list[str] = field(default_factory=list)     # flow.scope.namespace, outermost first
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property

@@ -61,15 +61,17 @@ def spatial_pads(padding, size: tuple[int, int], kernel: tuple[int, int], stride
         mode = padding.upper()
         if mode == "VALID":
             return (0, 0, 0, 0)
-        if mode in ("SAME", "SAME_UPPER"):
+        if mode in ("SAME", "SAME_UPPER", "SAME_LOWER"):
             pads = []
             for n, k, s, d in zip(size, kernel, strides, dilation):
                 out = -(-n // s)
                 total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-                pads += [total // 2, total - total // 2]
+                small = total // 2     # SAME_LOWER puts the odd row or column first
+                pads += [total - small, small] if mode == "SAME_LOWER" else [small, total - small]
             top, bottom, left, right = pads
             return (top, bottom, left, right)
-        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"VALID\" or explicit, "
+        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"SAME_LOWER\", \"SAME_UPPER\", "
+                         f"\"VALID\" or explicit, "
                          f"got {padding!r}")
     if isinstance(padding, int):
         return (padding, padding, padding, padding)
