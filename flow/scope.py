@@ -43,8 +43,7 @@ def mirrored_view():
     return "mirrored"
 
 
-@contextlib.contextmanager
-def namespace(name: str) -> Iterator[None]:
+def namespace(name: str) -> contextlib.AbstractContextManager[None]:
     """`with flow.scope.namespace("backbone"):` prefixes the variables created inside with
     `backbone-`; namespaces nest (`backbone-branch-var`), as in OneFlow, and a layer's variables
     get the prefix too (`backbone-dense1-weight`).  Only names change: two namespaces of one name
@@ -57,11 +56,16 @@ def namespace(name: str) -> Iterator[None]:
     from flowc.compiler.errors import TraceError
     from flowc.compiler.trace import current, user_location
     ctx = current("flow.scope.namespace")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name:       # checked here, where the user's line is on the stack
         raise TraceError(f"{user_location()}: flow.scope.namespace: name must be a non-empty string, "
                          f"got {name!r}")
-    ctx.namespaces.append(name)
+    return _pushed(ctx.namespaces, name)
+
+
+@contextlib.contextmanager
+def _pushed(stack: list[str], name: str) -> Iterator[None]:
+    stack.append(name)
     try:
         yield
     finally:
-        ctx.namespaces.pop()
+        stack.pop()
