@@ -50,7 +50,9 @@ def np_layer_norm(x, gamma, beta, begin_norm_axis, eps=1e-5):
 def np_batch_norm(x, mean, var, offset, scale, axis, eps):
     shape = [1] * x.ndim
     shape[axis] = -1
-    r = (lambda a: np.asarray(a, np.float64).reshape(shape))
+
+    def r(a):
+        return np.asarray(a, np.float64).reshape(shape)
     return (x - r(mean)) / np.sqrt(r(var) + eps) * r(scale) + r(offset)
 
 
@@ -165,6 +167,7 @@ def case():
 
 
 def test_compiled_values_and_gradients_equal_the_reference(case):
+    assert case.grad_inputs == list(range(len(INPUTS)))      # every op passes gradients to every input
     assert_outputs_match(case.compiled, case.reference)
 
 
