@@ -529,3 +529,33 @@ def avg_pool3d(input, ksize, strides, padding, data_format: str = "NCDHW", ceil_
 def _no_ceil_mode(ceil_mode: bool, api: str) -> None:
     if ceil_mode:
         raise TraceError(f"{user_location()}: {api}: ceil_mode=True is not supported")
+
+
+def conv1d(input, filters, strides, padding, data_format: str = "NCW", dilations=None, groups: int = 1,
+           name: str | None = None) -> Blob:
+    """`flow.nn.conv1d(input, filters, strides, padding, data_format="NCW", dilations=None, groups=1)`:
+    a 2-D convolution of height 1.  `filters` is (out, in/groups, k) for "NCW" and (out, k, in) for "NWC".
+
+    Example:
+        y = flow.nn.conv1d(x, w, strides=1, padding="SAME")
+    """
+    api = "flow.nn.conv1d"
+    x, w = check_blob(input, api, "input"), check_blob(filters, api, "filters")
+    if len(x.shape) != 3 or len(w.shape) != 3 or data_format not in ("NCW", "NWC"):
+        raise TraceError(f"{user_location()}: {api}: input and filters must be 3-D in \"NCW\" or \"NWC\", got "
+                         f"{list(x.shape)}, {list(w.shape)} and {data_format!r}")
+    if data_format == "NWC":
+        x = emit("transpose", [x], {"perm": (0, 2, 1)}, api=api)
+        w = emit("transpose", [w], {"perm": (0, 2, 1)}, api=api)
+    (s,) = _sequence(strides, 1, api, "strides")
+    (d,) = _sequence(1 if dilations is None else dilations, 1, api, "dilations")
+    if isinstance(padding, str):
+        pads2d: object = padding
+    else:
+        ((lo, hi),) = _window_pads(padding, (x.shape[2],), (w.shape[2],), (s,), data_format, api)
+        pads2d = [[0, 0], [0, 0], [0, 0], [lo, hi]]
+    x4 = emit("reshape", [x], {"shape": (x.shape[0], x.shape[1], 1, x.shape[2])}, api=api)
+    w4 = emit("reshape", [w], {"shape": (w.shape[0], w.shape[1], 1, w.shape[2])}, api=api)
+    y = conv2d(x4, w4, (1, s), pads2d, "NCHW", (1, d), groups, name)
+    y = emit("reshape", [y], {"shape": (y.shape[0], y.shape[1], y.shape[3])}, api=api)
+    return emit("transpose", [y], {"perm": (0, 2, 1)}, api=api) if data_format == "NWC" else y

@@ -205,6 +205,7 @@ FD_CASES = {
                                                                padding="SAME"), [rand(1, 3, 3, 3), rand(3, 2, 3, 3)]),
     "max_pool3d": (lambda x: flow.nn.max_pool3d(x, ksize=2, strides=1, padding="VALID"), [rand(1, 1, 3, 3, 3)]),
     "avg_pool3d": (lambda x: flow.nn.avg_pool3d(x, ksize=2, strides=2, padding="SAME"), [rand(1, 2, 3, 3, 3)]),
+    "conv1d": (lambda x, w: flow.nn.conv1d(x, w, strides=2, padding="SAME"), [rand(1, 2, 5), rand(3, 2, 3)]),
     "avg_pool1d": (lambda x: flow.nn.avg_pool1d(x, ksize=2, strides=1, padding="SAME", data_format="NWC"),
                    [rand(2, 5, 2)]),
 }
@@ -380,3 +381,16 @@ def test_sparse_cross_entropy_accepts_labels_with_a_trailing_one():
     logits, labels = rand(4, 3), np.array([[0], [2], [1], [2]], np.int32)
     case = compile_case(lambda y, x: flow.nn.sparse_softmax_cross_entropy_with_logits(y, x), [labels, logits])
     np.testing.assert_allclose(case.compiled[0], np_softmax_xent(np.eye(3)[labels[:, 0]], logits), rtol=1e-5)
+
+
+def test_conv1d_is_a_convolution_along_the_width_in_both_layouts():
+    x, w = rand(2, 3, 9), rand(4, 3, 3)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1)))     # SAME, k 3, stride 2 on 9: pads (1, 1)
+    want = np.stack([np.einsum("ncw,fcw->nf", padded[:, :, 2 * o:2 * o + 3], w) for o in range(5)], axis=-1)
+    case = compile_case(lambda a, b: (flow.nn.conv1d(a, b, 2, "SAME"),
+                                      flow.nn.conv1d(flow.transpose(a, perm=[0, 2, 1]),
+                                                     flow.transpose(b, perm=[0, 2, 1]), 2,
+                                                     [[0, 0], [1, 1], [0, 0]], "NWC")), [x, w])
+    assert_outputs_match(case.compiled, case.reference)
+    np.testing.assert_allclose(case.compiled[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(case.compiled[1], want.transpose(0, 2, 1), rtol=1e-5, atol=1e-6)
