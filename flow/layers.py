@@ -183,3 +183,45 @@ def layer_norm(inputs, center: bool = True, scale: bool = True, trainable: bool 
         gamma = get_variable(f"{name}-gamma", shape=params_shape, dtype=x.dtype,
                              initializer=initializers.constant_initializer(1.0), trainable=trainable)
     return nn.layer_norm(x, gamma, beta, begin_norm_axis, begin_params_axis, epsilon, name)
+
+
+def conv1d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data_format: str = "NCW",
+           dilation_rate=None, groups: int = 1, activation: Callable | None = None, use_bias: bool = True,
+           kernel_initializer=None, bias_initializer=None, kernel_regularizer=None, bias_regularizer=None,
+           trainable: bool = True, name: str | None = None, weight_name=None, bias_name=None) -> Blob:
+    """`flow.layers.conv1d`: a 1-D convolution with its own weight `<name>-weight` of shape
+    (filters, in/groups, k) ("NWC": (filters, k, in)) and bias `<name>-bias`; Xavier-uniform kernel
+    initializer by default, as in OneFlow.
+
+    Example:
+        y = flow.layers.conv1d(x, 16, 3, padding="SAME", activation=flow.nn.relu, name="c1")
+    """
+    from flow import nn
+    api = "flow.layers.conv1d"
+    x = check_blob(inputs, api, "inputs")
+    if len(x.shape) != 3 or data_format not in ("NCW", "NWC"):
+        raise TraceError(f"{user_location()}: {api}: inputs must be 3-D in \"NCW\" or \"NWC\", got "
+                         f"{list(x.shape)} and {data_format!r}")
+    if not isinstance(filters, int) or not isinstance(groups, int) or groups <= 0 or filters <= 0 or filters % groups:
+        raise TraceError(f"{user_location()}: {api}: filters must be a positive multiple of groups={groups}, "
+                         f"got {filters!r}")
+    channels = x.shape[1] if data_format == "NCW" else x.shape[2]
+    if channels % groups or (data_format == "NWC" and groups != 1):
+        raise TraceError(f"{user_location()}: {api}: {channels} input channels do not fit groups={groups} "
+                         f"({data_format})")
+    (k,) = nn._sequence(kernel_size, 1, api, "kernel_size")
+    name = name or current(api).unique_name("Conv1d")
+    shape = (filters, channels // groups, k) if data_format == "NCW" else (filters, k, channels)
+    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
+                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
+                              data_format=data_format),
+                          trainable=trainable)
+    out = nn.conv1d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
+    if use_bias:
+        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
+                            initializer=bias_initializer or initializers.constant_initializer(0),
+                            trainable=trainable)
+        out = nn.bias_add(out, bias, data_format)
+    if activation is not None:
+        out = activation(out)
+    return out

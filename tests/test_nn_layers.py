@@ -394,3 +394,19 @@ def test_conv1d_is_a_convolution_along_the_width_in_both_layouts():
     assert_outputs_match(case.compiled, case.reference)
     np.testing.assert_allclose(case.compiled[0], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(case.compiled[1], want.transpose(0, 2, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_conv1d_layer_names_its_variables_and_adds_the_bias():
+    x = rand(2, 7, 3)                                           # NWC
+
+    @flow.global_function(type="predict")
+    def conv1d_layer(x: tp.Numpy.Placeholder((2, 7, 3))) -> tp.Numpy:
+        return flow.layers.conv1d(x, 4, kernel_size=3, padding="VALID", data_format="NWC",
+                                  bias_initializer=flow.random_uniform_initializer(), name="c1")
+
+    y = conv1d_layer(x)
+    session = default_session()
+    w, b = session.value("c1-weight"), session.value("c1-bias")
+    assert w.shape == (4, 3, 3) and b.shape == (4,)            # (filters, k, in) for NWC
+    want = np.stack([np.einsum("nkc,fkc->nf", x[:, o:o + 3].astype(np.float64), w) for o in range(5)], axis=1) + b
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
