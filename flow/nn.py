@@ -74,7 +74,9 @@ def conv2d(input, filters, strides, padding, data_format: str = "NCHW", dilation
     """`flow.nn.conv2d(input, filters, strides, padding, data_format="NCHW", dilations=None, groups=1)`.
 
     `filters` is (out, in/groups, kh, kw) for NCHW and (out, kh, kw, in/groups) for NHWC;
-    padding is "SAME", "VALID" or explicit.
+    padding is "SAME", "SAME_LOWER", "SAME_UPPER", "VALID" or explicit.  As in OneFlow, "SAME" is
+    "SAME_LOWER": an odd padding puts the extra row or column at the top or left (TensorFlow puts it
+    at the bottom or right: use `flow.nn.compat_conv2d` or "SAME_UPPER" for that).
 
     Example:
         y = flow.nn.conv2d(x, w, strides=1, padding="SAME")
@@ -110,7 +112,8 @@ def _pool(op: str, api: str, input, ksize, strides, padding, data_format, name) 
 
 
 def max_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: str | None = None) -> Blob:
-    """`flow.nn.max_pool2d(input, ksize, strides, padding, data_format="NCHW")`.
+    """`flow.nn.max_pool2d(input, ksize, strides, padding, data_format="NCHW")`; "SAME" is "SAME_LOWER"
+    (an odd padding row or column goes first), as in OneFlow.
 
     Example:
         pool1 = flow.nn.max_pool2d(conv1, ksize=2, strides=2, padding="SAME", name="pool1")
@@ -119,7 +122,8 @@ def max_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: 
 
 
 def avg_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: str | None = None) -> Blob:
-    """`flow.nn.avg_pool2d(input, ksize, strides, padding, data_format="NCHW")`; padding is not counted.
+    """`flow.nn.avg_pool2d(input, ksize, strides, padding, data_format="NCHW")`; padding is not counted, and
+    "SAME" is "SAME_LOWER" (an odd padding row or column goes first), as in OneFlow.
 
     Example:
         pooled = flow.nn.avg_pool2d(x, ksize=2, strides=2, padding="VALID")
@@ -384,7 +388,9 @@ def conv2d_transpose(value=None, filter=None, output_shape=None, strides=None, p
     if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
         raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\" or \"VALID\", got {padding!r}")
     size, kernel = (out_shape[2], out_shape[3]), (w.shape[2], w.shape[3])
-    pads = spatial_pads(padding, size, kernel, stride, dilation, "NCHW", api)
+    # OneFlow's deconvolution puts the odd padding row or column after (SAME_UPPER), unlike its conv2d
+    pads = spatial_pads("SAME_UPPER" if padding.upper() == "SAME" else "VALID", size, kernel, stride, dilation,
+                        "NCHW", api)
     for axis, n in enumerate(size):
         lo, hi = pads[2 * axis], pads[2 * axis + 1]
         reached = (n + lo + hi - dilation[axis] * (kernel[axis] - 1) - 1) // stride[axis] + 1
@@ -409,7 +415,7 @@ def _sequence(value, n: int, api: str, arg: str) -> tuple[int, ...]:
 
 def _window_pads(padding, size, kernel, strides, data_format: str, api: str) -> list[tuple[int, int]]:
     """(before, after) per spatial axis for "SAME"/"SAME_UPPER"/"SAME_LOWER"/"VALID" or one pair per axis
-    of the input's layout (batch and channel pairs must be 0)."""
+    of the input's layout (batch and channel pairs must be 0).  "SAME" is OneFlow's "SAME_LOWER"."""
     n = len(size)
     if isinstance(padding, str):
         mode = padding.upper()
@@ -422,7 +428,7 @@ def _window_pads(padding, size, kernel, strides, data_format: str, api: str) -> 
         for d, k, s in zip(size, kernel, strides):
             total = max((-(-d // s) - 1) * s + k - d, 0)
             small = total // 2
-            out.append((total - small, small) if mode == "SAME_LOWER" else (small, total - small))
+            out.append((small, total - small) if mode == "SAME_UPPER" else (total - small, small))
         return out
     items = list(padding)
     if len(items) != n + 2:

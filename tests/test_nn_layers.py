@@ -151,8 +151,9 @@ def expected_values(x):
         np_pool(x[17], (2,), (2,), [(0, 0)], "max"),
         np_pool(x[17], (3,), (2,), same_1d, "avg"),
         np_pool(x[17], (3,), (1,), [(1, 1)], "max").transpose(0, 2, 1),
-        np_pool(x[18], (2, 2, 2), (2, 2, 2), [(0, 1), (0, 0), (0, 1)], "max"),
-        np_pool(x[18], (3, 2, 2), (1, 2, 1), [(1, 1), (0, 0), (0, 1)], "avg"),
+        # OneFlow's "SAME" is SAME_LOWER: an odd padding goes before
+        np_pool(x[18], (2, 2, 2), (2, 2, 2), [(1, 0), (0, 0), (1, 0)], "max"),
+        np_pool(x[18], (3, 2, 2), (1, 2, 1), [(1, 1), (0, 0), (1, 0)], "avg"),
         np_pool(x[19].transpose(0, 4, 1, 2, 3), (2, 2, 2), (1, 1, 1), [(0, 0)] * 3, "avg").transpose(0, 2, 3, 4, 1),
         x[20] + x[21],
         x[22] + x[23].reshape(1, 3, 1, 1),
@@ -410,3 +411,25 @@ def test_conv1d_layer_names_its_variables_and_adds_the_bias():
     assert w.shape == (4, 3, 3) and b.shape == (4,)            # (filters, k, in) for NWC
     want = np.stack([np.einsum("nkc,fkc->nf", x[:, o:o + 3].astype(np.float64), w) for o in range(5)], axis=1) + b
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+def test_same_padding_puts_an_odd_row_first_as_oneflow_and_compat_conv2d_puts_it_last():
+    """OneFlow maps "SAME" to "SAME_LOWER" in nn.conv2d and the pools; compat_conv2d is TensorFlow's."""
+    x, w = rand(1, 2, 6, 5), rand(3, 2, 2, 2)          # k 2, stride 1: one padding row and column
+    case = compile_case(lambda a, b: (flow.nn.conv2d(a, b, 1, "SAME"), flow.nn.compat_conv2d(a, b, 1, "SAME"),
+                                      flow.nn.conv2d(a, b, 1, "SAME_UPPER"),
+                                      flow.nn.max_pool2d(a, 2, 2, "SAME"), flow.nn.avg_pool2d(a, 3, 2, "SAME")),
+                        [x, w], grads=False)
+
+    def conv(pads):
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), pads[0], pads[1]))
+        return np.stack([np.stack([np.einsum("nchw,fchw->nf", xp[:, :, i:i + 2, j:j + 2], w) for j in range(5)], -1)
+                         for i in range(6)], -2)
+    lower, upper = conv(((1, 0), (1, 0))), conv(((0, 1), (0, 1)))
+    np.testing.assert_allclose(case.compiled[0], lower, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(case.compiled[1], upper, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(case.compiled[2], upper, rtol=1e-5, atol=1e-6)
+    # max k2 s2 on 6x5: rows total 0, columns (3 - 1) * 2 + 2 - 5 = 1 -> (1, 0)
+    np.testing.assert_allclose(case.compiled[3], np_pool(x, (2, 2), (2, 2), [(0, 0), (1, 0)], "max"), rtol=1e-6)
+    # avg k3 s2 on 6x5: rows (3 - 1) * 2 + 3 - 6 = 1 -> (1, 0), columns 2 -> (1, 1)
+    np.testing.assert_allclose(case.compiled[4], np_pool(x, (3, 3), (2, 2), [(1, 0), (1, 1)], "avg"), rtol=1e-5)
