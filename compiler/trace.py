@@ -77,6 +77,7 @@ class TraceContext:
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
     watches: list[WatchSpec] = field(default_factory=list)  # flow.watch / flow.watch_diff, in call order
+    namespaces: list[str] = field(default_factory=list)     # flow.scope.namespace, outermost first
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property

@@ -51,25 +51,29 @@ def pair(value, api: str, arg: str) -> tuple[int, int]:
 
 def spatial_pads(padding, size: tuple[int, int], kernel: tuple[int, int], strides: tuple[int, int],
                  dilation: tuple[int, int], data_format: str, api: str) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) for "SAME", "VALID" or explicit padding.
+    """(top, bottom, left, right) for "SAME", "SAME_LOWER", "SAME_UPPER", "VALID" or explicit padding.
 
-    "SAME" pads so the output is ceil(input / stride), the extra row or column going to the
-    bottom or right (TensorFlow's and OneFlow's rule).  Explicit padding is an int, a pair
+    The SAME modes pad so the output is ceil(input / stride).  When the padding is odd, "SAME_UPPER"
+    puts the extra row or column at the bottom or right (TensorFlow's rule) and "SAME_LOWER" at the
+    top or left; OneFlow's "SAME" is "SAME_LOWER" (its nn.conv2d and pools map one to the other;
+    `flow.nn.compat_conv2d` is the TensorFlow-style convolution).  Explicit padding is an int, a pair
     (height, width), or one (before, after) pair per dimension of the input's layout.
     """
     if isinstance(padding, str):
         mode = padding.upper()
         if mode == "VALID":
             return (0, 0, 0, 0)
-        if mode in ("SAME", "SAME_UPPER"):
+        if mode in ("SAME", "SAME_UPPER", "SAME_LOWER"):
             pads = []
             for n, k, s, d in zip(size, kernel, strides, dilation):
                 out = -(-n // s)
                 total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-                pads += [total // 2, total - total // 2]
+                small = total // 2     # SAME and SAME_LOWER put the odd row or column first
+                pads += [small, total - small] if mode == "SAME_UPPER" else [total - small, small]
             top, bottom, left, right = pads
             return (top, bottom, left, right)
-        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"VALID\" or explicit, "
+        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"SAME_LOWER\", \"SAME_UPPER\", "
+                         f"\"VALID\" or explicit, "
                          f"got {padding!r}")
     if isinstance(padding, int):
         return (padding, padding, padding, padding)

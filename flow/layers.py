@@ -15,7 +15,9 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
           trainable: bool = True, name: str | None = None, model_distribute=None) -> Blob:
     """`flow.layers.dense`: `activation(inputs @ weight^T + bias)`, OneFlow's weight layout (units, in).
 
-    Variables are `<name>-weight` and `<name>-bias`.
+    Variables are `<name>-weight` and `<name>-bias`.  An input of rank > 2 is transformed along its
+    last axis, (..., in) -> (..., units), as in OneFlow.  `model_distribute` (broadcast, split(0),
+    auto) only says how several devices would hold the weight: one device holds all of it.
 
     Example:
         hidden = flow.layers.dense(x, 512, activation=flow.nn.relu, name="hidden")
@@ -29,8 +31,8 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
                          f"got shape {list(x.shape)}")
     name = name or current(api).unique_name("Dense")
     flat = x
-    if len(x.shape) > 2:   # OneFlow flattens everything after the batch axis
-        flat = emit("reshape", [x], {"shape": (x.shape[0], _prod(x.shape[1:]))}, api=api)
+    if len(x.shape) > 2:   # OneFlow applies the layer to the last axis: (..., in) -> (..., units)
+        flat = emit("reshape", [x], {"shape": (_prod(x.shape[:-1]), x.shape[-1])}, api=api)
     weight = get_variable(f"{name}-weight", shape=(units, flat.shape[1]), dtype=x.dtype,
                           initializer=kernel_initializer or initializers.glorot_uniform_initializer(),
                           regularizer=kernel_regularizer, trainable=trainable)
@@ -42,6 +44,8 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
         out = emit("add", [out, bias], name=name, api=api)
     if activation is not None:
         out = activation(out)
+    if len(x.shape) > 2:
+        out = emit("reshape", [out], {"shape": tuple(x.shape[:-1]) + (units,)}, api=api)
     return out
 
 
@@ -102,7 +106,8 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
                         name: str | None = None) -> Blob:
     """`flow.layers.batch_normalization`: normalize over every axis but `axis`.
 
-    In train jobs (with `training=True`) it uses the batch's mean and (biased) variance and each
+    In train jobs (with `training=True` and `trainable=True`) it uses the batch's mean and (biased)
+    variance and each
     step updates `<name>-moving_mean` / `<name>-moving_variance` by
     `moving = momentum * moving + (1 - momentum) * batch`; predict jobs use the moving values.
     Variables: `<name>-gamma`, `<name>-beta`, `<name>-moving_mean`, `<name>-moving_variance`.
@@ -134,7 +139,7 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
                                    False)
     moving_var, mv_var = variable("moving_variance",
                                   moving_variance_initializer or initializers.ones_initializer(), False)
-    if ctx.job_type == "train" and training:
+    if ctx.job_type == "train" and training and trainable:   # OneFlow: trainable=False never trains
         mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
         centered = x - mean
         var = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
@@ -152,4 +157,73 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable,
                            beta_regularizer)
         out = out + beta
+    return out
+
+
+def layer_norm(inputs, center: bool = True, scale: bool = True, trainable: bool = True, begin_norm_axis: int = 1,
+               begin_params_axis: int = -1, epsilon: float = 1e-5, name: str | None = None) -> Blob:
+    """`flow.layers.layer_norm`: normalize over the axes from `begin_norm_axis` on (mean and biased
+    variance of each sample), then scale by `<name>-gamma` (ones) and shift by `<name>-beta` (zeros),
+    both of shape `inputs.shape[begin_params_axis:]`.  `center=False` / `scale=False` leave out beta /
+    gamma.  The same in train and predict jobs.
+
+    Example:
+        y = flow.layers.layer_norm(x, begin_norm_axis=-1, name="ln1")
+    """
+    from flow import nn
+    api = "flow.layers.layer_norm"
+    x = check_blob(inputs, api, "inputs")
+    params_shape = nn.params_shape_of(x, begin_params_axis, api)
+    name = name or current(api).unique_name("LayerNorm")
+    if not center and not scale:
+        trainable = False
+    beta = gamma = None
+    if center:
+        beta = get_variable(f"{name}-beta", shape=params_shape, dtype=x.dtype,
+                            initializer=initializers.constant_initializer(0.0), trainable=trainable)
+    if scale:
+        gamma = get_variable(f"{name}-gamma", shape=params_shape, dtype=x.dtype,
+                             initializer=initializers.constant_initializer(1.0), trainable=trainable)
+    return nn.layer_norm(x, gamma, beta, begin_norm_axis, begin_params_axis, epsilon, name)
+
+
+def conv1d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data_format: str = "NCW",
+           dilation_rate=None, groups: int = 1, activation: Callable | None = None, use_bias: bool = True,
+           kernel_initializer=None, bias_initializer=None, kernel_regularizer=None, bias_regularizer=None,
+           trainable: bool = True, name: str | None = None, weight_name=None, bias_name=None) -> Blob:
+    """`flow.layers.conv1d`: a 1-D convolution with its own weight `<name>-weight` of shape
+    (filters, in/groups, k) ("NWC": (filters, k, in)) and bias `<name>-bias`; Xavier-uniform kernel
+    initializer by default, as in OneFlow.
+
+    Example:
+        y = flow.layers.conv1d(x, 16, 3, padding="SAME", activation=flow.nn.relu, name="c1")
+    """
+    from flow import nn
+    api = "flow.layers.conv1d"
+    x = check_blob(inputs, api, "inputs")
+    if len(x.shape) != 3 or data_format not in ("NCW", "NWC"):
+        raise TraceError(f"{user_location()}: {api}: inputs must be 3-D in \"NCW\" or \"NWC\", got "
+                         f"{list(x.shape)} and {data_format!r}")
+    if not isinstance(filters, int) or not isinstance(groups, int) or groups <= 0 or filters <= 0 or filters % groups:
+        raise TraceError(f"{user_location()}: {api}: filters must be a positive multiple of groups={groups}, "
+                         f"got {filters!r}")
+    channels = x.shape[1] if data_format == "NCW" else x.shape[2]
+    if channels % groups or (data_format == "NWC" and groups != 1):
+        raise TraceError(f"{user_location()}: {api}: {channels} input channels do not fit groups={groups} "
+                         f"({data_format})")
+    (k,) = nn._sequence(kernel_size, 1, api, "kernel_size")
+    name = name or current(api).unique_name("Conv1d")
+    shape = (filters, channels // groups, k) if data_format == "NCW" else (filters, k, channels)
+    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
+                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
+                              data_format=data_format),
+                          regularizer=kernel_regularizer, trainable=trainable)
+    out = nn.conv1d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
+    if use_bias:
+        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
+                            initializer=bias_initializer or initializers.constant_initializer(0),
+                            regularizer=bias_regularizer, trainable=trainable)
+        out = nn.bias_add(out, bias, data_format)
+    if activation is not None:
+        out = activation(out)
     return out

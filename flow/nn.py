@@ -17,8 +17,9 @@ def relu(x, name: str | None = None) -> Blob:
 
 
 def bias_add(value, bias, data_format: str | None = None, name: str | None = None) -> Blob:
-    """`flow.nn.bias_add(value, bias, data_format=None)`: add a 1-D bias along the channel axis
-    (axis 1, or the last axis for "NHWC"/"channels_last").
+    """`flow.nn.bias_add(value, bias, data_format=None)`: add a 1-D bias along the channel axis:
+    axis 1 for None and any "NC..." format ("NCHW", "NCW", "NCDHW", "channels_first"), the last
+    axis for any "N...C" format ("NHWC", "NWC", "NDHWC", "channels_last").
 
     Example:
         y = flow.nn.bias_add(flow.matmul(x, w, transpose_b=True), b)
@@ -26,12 +27,15 @@ def bias_add(value, bias, data_format: str | None = None, name: str | None = Non
     api = "flow.nn.bias_add"
     x, b = check_blob(value, api, "value"), check_blob(bias, api, "bias")
     rank = len(x.shape)
-    if data_format in (None, "NCHW", "channels_first", "NCW", "NCDHW"):
+    if data_format is None or data_format == "channels_first" or (
+            isinstance(data_format, str) and data_format.startswith("NC")):
         axis = 1
-    elif data_format in ("NHWC", "channels_last", "NWC", "NDHWC"):
+    elif data_format == "channels_last" or (isinstance(data_format, str) and data_format.startswith("N")
+                                            and data_format.endswith("C")):
         axis = rank - 1
     else:
-        raise TraceError(f"{user_location()}: {api}: unknown data_format {data_format!r}")
+        raise TraceError(f"{user_location()}: {api}: data_format must be of the form \"NC...\" or \"N...C\", "
+                         f"got {data_format!r}")
     if rank < 2 or len(b.shape) != 1 or b.shape[0] != x.shape[axis]:
         raise TraceError(f"{user_location()}: {api}: bias of shape {list(b.shape)} does not match axis {axis} "
                          f"of value {list(x.shape)}")
@@ -60,6 +64,8 @@ def sparse_softmax_cross_entropy_with_logits(labels, logits, name: str | None = 
     """
     api = "flow.nn.sparse_softmax_cross_entropy_with_logits"
     lab, lg = check_blob(labels, api, "labels"), check_blob(logits, api, "logits")
+    if len(lab.shape) == len(lg.shape) and lab.shape and lab.shape[-1] == 1:   # (N, 1) labels, as OneFlow allows
+        lab = emit("reshape", [lab], {"shape": lab.shape[:-1]}, api=api)
     return emit("sparse_softmax_cross_entropy", [lg, lab], name=name or "", api=api)
 
 
@@ -68,7 +74,9 @@ def conv2d(input, filters, strides, padding, data_format: str = "NCHW", dilation
     """`flow.nn.conv2d(input, filters, strides, padding, data_format="NCHW", dilations=None, groups=1)`.
 
     `filters` is (out, in/groups, kh, kw) for NCHW and (out, kh, kw, in/groups) for NHWC;
-    padding is "SAME", "VALID" or explicit.
+    padding is "SAME", "SAME_LOWER", "SAME_UPPER", "VALID" or explicit.  As in OneFlow, "SAME" is
+    "SAME_LOWER": an odd padding puts the extra row or column at the top or left (TensorFlow puts it
+    at the bottom or right: use `flow.nn.compat_conv2d` or "SAME_UPPER" for that).
 
     Example:
         y = flow.nn.conv2d(x, w, strides=1, padding="SAME")
@@ -104,7 +112,8 @@ def _pool(op: str, api: str, input, ksize, strides, padding, data_format, name) 
 
 
 def max_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: str | None = None) -> Blob:
-    """`flow.nn.max_pool2d(input, ksize, strides, padding, data_format="NCHW")`.
+    """`flow.nn.max_pool2d(input, ksize, strides, padding, data_format="NCHW")`; "SAME" is "SAME_LOWER"
+    (an odd padding row or column goes first), as in OneFlow.
 
     Example:
         pool1 = flow.nn.max_pool2d(conv1, ksize=2, strides=2, padding="SAME", name="pool1")
@@ -113,7 +122,8 @@ def max_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: 
 
 
 def avg_pool2d(input, ksize, strides, padding, data_format: str = "NCHW", name: str | None = None) -> Blob:
-    """`flow.nn.avg_pool2d(input, ksize, strides, padding, data_format="NCHW")`; padding is not counted.
+    """`flow.nn.avg_pool2d(input, ksize, strides, padding, data_format="NCHW")`; padding is not counted, and
+    "SAME" is "SAME_LOWER" (an odd padding row or column goes first), as in OneFlow.
 
     Example:
         pooled = flow.nn.avg_pool2d(x, ksize=2, strides=2, padding="VALID")
@@ -168,3 +178,390 @@ def leaky_relu(x, alpha: float = 0.2, name: str | None = None) -> Blob:
     """
     return emit("leaky_relu", [check_blob(x, "flow.nn.leaky_relu", "x")], {"alpha": float(alpha)},
                 name=name or "", api="flow.nn.leaky_relu")
+
+
+# --- normalization, losses over probabilities, transposed and 1-D/3-D windows (issue 14) -------------
+
+def moments(x, axes, keepdims: bool = False, name: str | None = None) -> tuple[Blob, Blob]:
+    """`flow.nn.moments(x, axes, keepdims=False)`: the mean and the (biased) variance over `axes`.
+
+    Example:
+        mean, variance = flow.nn.moments(x, axes=[0])
+    """
+    from flow import math
+    api = "flow.nn.moments"
+    x = check_blob(x, api, "x")
+    ax = list(_axes(x, axes, api))
+    mean = math.reduce_mean(x, axis=ax, keepdims=True)
+    centered = x - mean
+    variance = math.reduce_mean(centered * centered, axis=ax, keepdims=keepdims)
+    if not keepdims:
+        mean = emit("reshape", [mean], {"shape": variance.shape}, api=api)
+    return mean, variance
+
+
+def _axes(x: Blob, axis, api: str) -> tuple[int, ...]:
+    from flow._ops import axes
+    return axes(x, axis, api)
+
+
+def batch_normalization(x, mean, variance, offset=None, scale=None, variance_epsilon: float = 1e-5,
+                        axis: int = 1, name: str | None = None) -> Blob:
+    """`flow.nn.batch_normalization(x, mean, variance, offset=None, scale=None, variance_epsilon=1e-5,
+    axis=1)`: `(x - mean) / sqrt(variance + variance_epsilon) * scale + offset`.
+
+    `mean`, `variance`, `offset` and `scale` are 1-D along `axis` (OneFlow's rule, not TensorFlow's
+    broadcasting), or have x's rank and broadcast against it.
+
+    Example:
+        mean, variance = flow.nn.moments(x, axes=[0, 2, 3])
+        y = flow.nn.batch_normalization(x, mean, variance, axis=1)
+    """
+    from flow import math
+    api = "flow.nn.batch_normalization"
+    x = check_blob(x, api, "x")
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        raise TraceError(f"{user_location()}: {api}: axis {axis} is out of range for x of shape {list(x.shape)}")
+    axis %= rank
+
+    def param(value, arg: str) -> Blob:
+        p = check_blob(value, api, arg)
+        if len(p.shape) == 1 and rank != 1:
+            if p.shape[0] != x.shape[axis]:
+                raise TraceError(f"{user_location()}: {api}: {arg} of shape {list(p.shape)} does not match "
+                                 f"axis {axis} of x {list(x.shape)}")
+            kept = [1] * rank
+            kept[axis] = p.shape[0]
+            return emit("reshape", [p], {"shape": tuple(kept)}, api=api)
+        if len(p.shape) != rank:
+            raise TraceError(f"{user_location()}: {api}: {arg} must be 1-D or have x's rank {rank}, "
+                             f"got shape {list(p.shape)}")
+        return p
+
+    out = (x - param(mean, "mean")) / math.sqrt(param(variance, "variance") + float(variance_epsilon))
+    if scale is not None:
+        out = out * param(scale, "scale")
+    if offset is not None:
+        out = out + param(offset, "offset")
+    return out
+
+
+def layer_norm(inputs, gamma=None, beta=None, begin_norm_axis: int = 1, begin_params_axis: int = -1,
+               epsilon: float = 1e-5, name: str | None = None) -> Blob:
+    """`flow.nn.layer_norm(inputs, gamma=None, beta=None, begin_norm_axis=1, begin_params_axis=-1,
+    epsilon=1e-5)`: normalize over the axes from `begin_norm_axis` on (biased variance), then
+    multiply by `gamma` and add `beta`, both shaped `inputs.shape[begin_params_axis:]`.
+
+    Example:
+        y = flow.nn.layer_norm(x, gamma, beta, begin_norm_axis=-1)
+    """
+    from flow import math
+    api = "flow.nn.layer_norm"
+    x = check_blob(inputs, api, "inputs")
+    rank = len(x.shape)
+    if not -rank <= begin_norm_axis < rank:
+        raise TraceError(f"{user_location()}: {api}: begin_norm_axis {begin_norm_axis} is out of range for "
+                         f"inputs of shape {list(x.shape)}")
+    first = begin_norm_axis % rank
+    reduce_axes = list(range(first, rank))
+    mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
+    centered = x - mean
+    variance = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
+    out = centered / math.sqrt(variance + float(epsilon))
+    params_shape = params_shape_of(x, begin_params_axis, api)
+    for value, arg in ((gamma, "gamma"), (beta, "beta")):
+        if value is None:
+            continue
+        p = check_blob(value, api, arg)
+        if tuple(p.shape) != params_shape:
+            raise TraceError(f"{user_location()}: {api}: {arg} must have shape {list(params_shape)} "
+                             f"(inputs.shape[{begin_params_axis}:]), got {list(p.shape)}")
+        p = emit("reshape", [p], {"shape": (1,) * (rank - len(params_shape)) + params_shape}, api=api)
+        out = out * p if arg == "gamma" else out + p
+    return out
+
+
+def params_shape_of(x: Blob, begin_params_axis: int, api: str) -> tuple[int, ...]:
+    rank = len(x.shape)
+    if not -rank <= begin_params_axis < rank:
+        raise TraceError(f"{user_location()}: {api}: begin_params_axis {begin_params_axis} is out of range for "
+                         f"inputs of shape {list(x.shape)}")
+    return tuple(x.shape[begin_params_axis % rank:])
+
+
+def softmax_cross_entropy_with_logits(labels, logits, name: str | None = None) -> Blob:
+    """`flow.nn.softmax_cross_entropy_with_logits(labels, logits)`: `-sum(labels * log_softmax(logits))`
+    over the last axis; `labels` holds a probability distribution per row (same shape and dtype as
+    `logits`).  The result drops the last axis.
+
+    Example:
+        loss = flow.nn.softmax_cross_entropy_with_logits(labels=soft_targets, logits=logits)
+    """
+    from flow import math
+    api = "flow.nn.softmax_cross_entropy_with_logits"
+    lab, x = check_blob(labels, api, "labels"), check_blob(logits, api, "logits")
+    if lab.shape != x.shape or lab.dtype != x.dtype:
+        raise TraceError(f"{user_location()}: {api}: labels ({list(lab.shape)}, {lab.type.dtype}) must have the "
+                         f"shape and dtype of logits ({list(x.shape)}, {x.type.dtype})")
+    if not x.shape:
+        raise TraceError(f"{user_location()}: {api}: logits must have at least one axis")
+    last = len(x.shape) - 1
+    shifted = x - math.reduce_max(x, axis=last, keepdims=True)      # exp never overflows
+    log_probs = shifted - math.log(math.reduce_sum(math.exp(shifted), axis=last, keepdims=True))
+    return math.negative(math.reduce_sum(lab * log_probs, axis=last, name=name))
+
+
+def sigmoid_cross_entropy_with_logits(labels, logits, name: str | None = None) -> Blob:
+    """`flow.nn.sigmoid_cross_entropy_with_logits(labels, logits)`: elementwise
+    `-labels * log(sigmoid(logits)) - (1 - labels) * log(1 - sigmoid(logits))`, computed stably as
+    `max(x, 0) - x * labels + log(1 + exp(-|x|))` (no overflow for large |x|; the loss of a
+    confidently right logit is exact to about 6e-8 absolute).  The gradient is sigmoid(x) - labels,
+    at x = 0 too.
+
+    Example:
+        loss = flow.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits)
+    """
+    from flow import math
+    api = "flow.nn.sigmoid_cross_entropy_with_logits"
+    lab, x = check_blob(labels, api, "labels"), check_blob(logits, api, "logits")
+    if lab.shape != x.shape or lab.dtype != x.dtype:
+        raise TraceError(f"{user_location()}: {api}: labels ({list(lab.shape)}, {lab.type.dtype}) must have the "
+                         f"shape and dtype of logits ({list(x.shape)}, {x.type.dtype})")
+    positive = math.relu(x)
+    # -|x| written as x - 2 relu(x): the kinks of relu cancel, so the gradient at 0 is 1/2 - labels
+    minus_abs = x - positive * 2.0
+    return positive - x * lab + math.log(math.exp(minus_abs) + 1.0)
+
+
+def compat_conv2d(input, filters, strides, padding, data_format: str = "NCHW", dilations=None, groups: int = 1,
+                  name: str | None = None) -> Blob:
+    """`flow.nn.compat_conv2d`: `flow.nn.conv2d` with TensorFlow's "SAME" (the odd padding row or
+    column at the bottom or right, "SAME_UPPER").
+
+    Example:
+        y = flow.nn.compat_conv2d(x, w, strides=2, padding="SAME")
+    """
+    if isinstance(padding, str) and padding.upper() == "SAME":
+        padding = "SAME_UPPER"
+    return conv2d(input, filters, strides, padding, data_format, dilations, groups, name)
+
+
+def conv2d_transpose(value=None, filter=None, output_shape=None, strides=None, padding: str = "VALID",  # noqa: A002
+                     data_format: str = "NCHW", name: str | None = None, input=None, filters=None,  # noqa: A002
+                     dilations=None) -> Blob:
+    """`flow.nn.conv2d_transpose(value, filter, output_shape, strides, padding="VALID", data_format="NCHW",
+    dilations=None)`: the gradient of `conv2d` with respect to its input.
+
+    `filter` is (in_channels, out_channels, kh, kw) for NCHW and (in_channels, kh, kw, out_channels)
+    for NHWC; `output_shape` is the full output shape in `data_format`.  With "VALID", a VALID
+    convolution of `output_shape` must give `value`'s size; with "SAME", `ceil(output / stride)` must
+    (TensorFlow's and OneFlow's rule; rows the windows do not reach are zero).
+    `input` and `filters` are OneFlow's aliases of `value` and `filter`.
+
+    Example:
+        up = flow.nn.conv2d_transpose(x, w, output_shape=(1, 32, 64, 64), strides=2, padding="SAME")
+    """
+    api = "flow.nn.conv2d_transpose"
+    if (value is None) == (input is None):
+        raise TraceError(f"{user_location()}: {api}: pass exactly one of value and input")
+    if (filter is None) == (filters is None):
+        raise TraceError(f"{user_location()}: {api}: pass exactly one of filter and filters")
+    x = check_blob(value if value is not None else input, api, "value")
+    w = check_blob(filter if filter is not None else filters, api, "filter")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise TraceError(f"{user_location()}: {api}: value and filter must be 4-D, got {list(x.shape)} and "
+                         f"{list(w.shape)}")
+    if output_shape is None or len(output_shape) != 4:
+        raise TraceError(f"{user_location()}: {api}: output_shape must hold 4 ints, got {output_shape!r}")
+    out_shape = tuple(int(d) for d in output_shape)
+    x = to_nchw(x, data_format, api)
+    nhwc = data_format in ("NHWC", "channels_last")
+    if nhwc:
+        w = emit("transpose", [w], {"perm": (0, 3, 1, 2)}, api=api)
+        out_shape = (out_shape[0], out_shape[3], out_shape[1], out_shape[2])
+    if out_shape[0] != x.shape[0] or out_shape[1] != w.shape[1] or w.shape[0] != x.shape[1]:
+        raise TraceError(f"{user_location()}: {api}: value {list(x.shape)} (NCHW), filter {list(w.shape)} "
+                         f"(in, out, kh, kw) and output_shape {list(out_shape)} (NCHW) do not match")
+    stride = pair(1 if strides is None else strides, api, "strides")
+    dilation = pair(1 if dilations is None else dilations, api, "dilations")
+    if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
+        raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\" or \"VALID\", got {padding!r}")
+    size, kernel = (out_shape[2], out_shape[3]), (w.shape[2], w.shape[3])
+    # OneFlow's deconvolution puts the odd padding row or column after (SAME_UPPER), unlike its conv2d
+    pads = spatial_pads("SAME_UPPER" if padding.upper() == "SAME" else "VALID", size, kernel, stride, dilation,
+                        "NCHW", api)
+    for axis, n in enumerate(size):
+        lo, hi = pads[2 * axis], pads[2 * axis + 1]
+        reached = (n + lo + hi - dilation[axis] * (kernel[axis] - 1) - 1) // stride[axis] + 1
+        if reached != x.shape[2 + axis]:
+            raise TraceError(f"{user_location()}: {api}: a {padding} convolution of output_shape "
+                             f"{list(output_shape)} gives spatial size {reached} on axis {axis}, not the "
+                             f"value's {x.shape[2 + axis]}")
+    y = emit("conv2d_grad_input", [x, w], {"input_shape": out_shape, "strides": stride, "pads": pads,
+                                           "dilation": dilation, "groups": 1}, name=name or "", api=api)
+    return from_nchw(y, data_format, api)
+
+
+def _sequence(value, n: int, api: str, arg: str) -> tuple[int, ...]:
+    """An int, or a sequence of 1 or n ints (OneFlow's ksize and strides)."""
+    items = [value] if isinstance(value, int) else list(value)
+    if len(items) == 1:
+        items = items * n
+    if len(items) != n or not all(isinstance(v, int) and v > 0 for v in items):
+        raise TraceError(f"{user_location()}: {api}: {arg} must be a positive int or {n} of them, got {value!r}")
+    return tuple(items)
+
+
+def _window_pads(padding, size, kernel, strides, data_format: str, api: str) -> list[tuple[int, int]]:
+    """(before, after) per spatial axis for "SAME"/"SAME_UPPER"/"SAME_LOWER"/"VALID" or one pair per axis
+    of the input's layout (batch and channel pairs must be 0).  "SAME" is OneFlow's "SAME_LOWER"."""
+    n = len(size)
+    if isinstance(padding, str):
+        mode = padding.upper()
+        if mode == "VALID":
+            return [(0, 0)] * n
+        if mode not in ("SAME", "SAME_UPPER", "SAME_LOWER"):
+            raise TraceError(f"{user_location()}: {api}: padding must be \"SAME\", \"SAME_LOWER\", "
+                             f"\"SAME_UPPER\", \"VALID\" or explicit, got {padding!r}")
+        out = []
+        for d, k, s in zip(size, kernel, strides):
+            total = max((-(-d // s) - 1) * s + k - d, 0)
+            small = total // 2
+            out.append((small, total - small) if mode == "SAME_UPPER" else (total - small, small))
+        return out
+    items = list(padding)
+    if len(items) != n + 2:
+        raise TraceError(f"{user_location()}: {api}: explicit padding needs {n + 2} (before, after) pairs, "
+                         f"got {padding!r}")
+    pairs = [(p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in items]
+    spatial = pairs[2:] if data_format.startswith("NC") else pairs[1:-1]
+    others = pairs[:2] if data_format.startswith("NC") else [pairs[0], pairs[-1]]
+    if any(p != (0, 0) for p in others):
+        raise TraceError(f"{user_location()}: {api}: padding of the batch and channel axes must be 0, got {padding!r}")
+    return spatial
+
+
+def _pool1d(op: str, api: str, input, ksize, strides, padding, data_format: str, name) -> Blob:
+    x = check_blob(input, api, "input")
+    if len(x.shape) != 3 or data_format not in ("NCW", "NWC"):
+        raise TraceError(f"{user_location()}: {api}: input must be 3-D in \"NCW\" or \"NWC\", got "
+                         f"{list(x.shape)} and {data_format!r}")
+    if data_format == "NWC":
+        x = emit("transpose", [x], {"perm": (0, 2, 1)}, api=api)
+    (k,), (s,) = _sequence(ksize, 1, api, "ksize"), _sequence(strides, 1, api, "strides")
+    ((lo, hi),) = _window_pads(padding, (x.shape[2],), (k,), (s,), data_format, api)
+    if max(lo, hi) >= k:
+        raise TraceError(f"{user_location()}: {api}: padding {(lo, hi)} leaves windows with no input")
+    flat = emit("reshape", [x], {"shape": (x.shape[0], x.shape[1], 1, x.shape[2])}, api=api)
+    y = emit(op, [flat], {"ksize": (1, k), "strides": (1, s), "pads": (0, 0, lo, hi)}, name=name or "", api=api)
+    y = emit("reshape", [y], {"shape": (y.shape[0], y.shape[1], y.shape[3])}, api=api)
+    return emit("transpose", [y], {"perm": (0, 2, 1)}, api=api) if data_format == "NWC" else y
+
+
+def max_pool1d(input, ksize, strides, padding, data_format: str = "NWC", name: str | None = None) -> Blob:
+    """`flow.nn.max_pool1d(input, ksize, strides, padding, data_format="NWC")` over a 3-D input.
+
+    OneFlow 0.3.4 declares this function and raises NotImplementedError; flowc runs it (as a 2-D
+    pool of height 1).
+
+    Example:
+        y = flow.nn.max_pool1d(x, ksize=2, strides=2, padding="VALID", data_format="NCW")
+    """
+    return _pool1d("max_pool2d", "flow.nn.max_pool1d", input, ksize, strides, padding, data_format, name)
+
+
+def avg_pool1d(input, ksize, strides, padding, data_format: str = "NCW", name: str | None = None) -> Blob:
+    """`flow.nn.avg_pool1d(input, ksize, strides, padding, data_format="NCW")`; padding does not count in
+    the average.  OneFlow 0.3.4 declares it and raises NotImplementedError; flowc runs it.
+
+    Example:
+        y = flow.nn.avg_pool1d(x, ksize=3, strides=1, padding="SAME")
+    """
+    return _pool1d("avg_pool2d", "flow.nn.avg_pool1d", input, ksize, strides, padding, data_format, name)
+
+
+def _pool3d(op: str, api: str, input, ksize, strides, padding, data_format: str, name) -> Blob:
+    """A 3-D max or average pool as two 2-D pools: over (H, W), then over D.
+
+    Both are separable: the max of a box is the max over D of the maxima over (H, W), and, because
+    padding does not count, a box's average is the average over D of the averages over (H, W) (the
+    count of real taps is the product of the per-axis counts).
+    """
+    x = check_blob(input, api, "input")
+    if len(x.shape) != 5 or data_format not in ("NCDHW", "NDHWC"):
+        raise TraceError(f"{user_location()}: {api}: input must be 5-D in \"NCDHW\" or \"NDHWC\", got "
+                         f"{list(x.shape)} and {data_format!r}")
+    if data_format == "NDHWC":
+        x = emit("transpose", [x], {"perm": (0, 4, 1, 2, 3)}, api=api)
+    kernel, stride = _sequence(ksize, 3, api, "ksize"), _sequence(strides, 3, api, "strides")
+    pads = _window_pads(padding, x.shape[2:], kernel, stride, data_format, api)
+    if any(max(p) >= k for p, k in zip(pads, kernel)):
+        raise TraceError(f"{user_location()}: {api}: padding {pads} leaves windows with no input")
+    n, c, d, h, w = x.shape
+    planes = emit("reshape", [x], {"shape": (n, c * d, h, w)}, api=api)
+    hw = emit(op, [planes], {"ksize": kernel[1:], "strides": stride[1:],
+                             "pads": pads[1] + pads[2]}, api=api)
+    oh, ow = hw.shape[2], hw.shape[3]
+    columns = emit("reshape", [hw], {"shape": (n * c, 1, d, oh * ow)}, api=api)
+    y = emit(op, [columns], {"ksize": (kernel[0], 1), "strides": (stride[0], 1), "pads": pads[0] + (0, 0)},
+             name=name or "", api=api)
+    y = emit("reshape", [y], {"shape": (n, c, y.shape[2], oh, ow)}, api=api)
+    return emit("transpose", [y], {"perm": (0, 2, 3, 4, 1)}, api=api) if data_format == "NDHWC" else y
+
+
+def max_pool3d(input, ksize, strides, padding, data_format: str = "NCDHW", ceil_mode: bool = False,
+               name: str | None = None) -> Blob:
+    """`flow.nn.max_pool3d(input, ksize, strides, padding, data_format="NCDHW")` over a 5-D input.
+
+    Example:
+        y = flow.nn.max_pool3d(x, ksize=2, strides=2, padding="VALID")
+    """
+    _no_ceil_mode(ceil_mode, "flow.nn.max_pool3d")
+    return _pool3d("max_pool2d", "flow.nn.max_pool3d", input, ksize, strides, padding, data_format, name)
+
+
+def avg_pool3d(input, ksize, strides, padding, data_format: str = "NCDHW", ceil_mode: bool = False,
+               name: str | None = None) -> Blob:
+    """`flow.nn.avg_pool3d(input, ksize, strides, padding, data_format="NCDHW")`; padding does not count.
+
+    Example:
+        y = flow.nn.avg_pool3d(x, ksize=3, strides=2, padding="SAME")
+    """
+    _no_ceil_mode(ceil_mode, "flow.nn.avg_pool3d")
+    return _pool3d("avg_pool2d", "flow.nn.avg_pool3d", input, ksize, strides, padding, data_format, name)
+
+
+def _no_ceil_mode(ceil_mode: bool, api: str) -> None:
+    if ceil_mode:
+        raise TraceError(f"{user_location()}: {api}: ceil_mode=True is not supported")
+
+
+def conv1d(input, filters, strides, padding, data_format: str = "NCW", dilations=None, groups: int = 1,
+           name: str | None = None) -> Blob:
+    """`flow.nn.conv1d(input, filters, strides, padding, data_format="NCW", dilations=None, groups=1)`:
+    a 2-D convolution of height 1.  `filters` is (out, in/groups, k) for "NCW" and (out, k, in) for "NWC".
+
+    Example:
+        y = flow.nn.conv1d(x, w, strides=1, padding="SAME")
+    """
+    api = "flow.nn.conv1d"
+    x, w = check_blob(input, api, "input"), check_blob(filters, api, "filters")
+    if len(x.shape) != 3 or len(w.shape) != 3 or data_format not in ("NCW", "NWC"):
+        raise TraceError(f"{user_location()}: {api}: input and filters must be 3-D in \"NCW\" or \"NWC\", got "
+                         f"{list(x.shape)}, {list(w.shape)} and {data_format!r}")
+    if data_format == "NWC":
+        x = emit("transpose", [x], {"perm": (0, 2, 1)}, api=api)
+        w = emit("transpose", [w], {"perm": (0, 2, 1)}, api=api)
+    (s,) = _sequence(strides, 1, api, "strides")
+    (d,) = _sequence(1 if dilations is None else dilations, 1, api, "dilations")
+    if isinstance(padding, str):
+        pads2d: object = padding
+    else:
+        ((lo, hi),) = _window_pads(padding, (x.shape[2],), (w.shape[2],), (s,), data_format, api)
+        pads2d = [[0, 0], [0, 0], [0, 0], [lo, hi]]
+    x4 = emit("reshape", [x], {"shape": (x.shape[0], x.shape[1], 1, x.shape[2])}, api=api)
+    w4 = emit("reshape", [w], {"shape": (w.shape[0], w.shape[1], 1, w.shape[2])}, api=api)
+    y = conv2d(x4, w4, (1, s), pads2d, "NCHW", (1, d), groups, name)
+    y = emit("reshape", [y], {"shape": (y.shape[0], y.shape[1], y.shape[3])}, api=api)
+    return emit("transpose", [y], {"perm": (0, 2, 1)}, api=api) if data_format == "NWC" else y

@@ -41,3 +41,31 @@ def consistent_view():
 def mirrored_view():
     """Accepted for compatibility: one device has a single logical view."""
     return "mirrored"
+
+
+def namespace(name: str) -> contextlib.AbstractContextManager[None]:
+    """`with flow.scope.namespace("backbone"):` prefixes the variables created inside with
+    `backbone-`; namespaces nest (`backbone-branch-var`), as in OneFlow, and a layer's variables
+    get the prefix too (`backbone-dense1-weight`).  Only names change: two namespaces of one name
+    share their variables.
+
+    Example:
+        with flow.scope.namespace("encoder"):
+            w = flow.get_variable("w", shape=(4, 4))     # the variable "encoder-w"
+    """
+    from flowc.compiler.errors import TraceError
+    from flowc.compiler.trace import current, user_location
+    ctx = current("flow.scope.namespace")
+    if not isinstance(name, str) or not name:       # checked here, where the user's line is on the stack
+        raise TraceError(f"{user_location()}: flow.scope.namespace: name must be a non-empty string, "
+                         f"got {name!r}")
+    return _pushed(ctx.namespaces, name)
+
+
+@contextlib.contextmanager
+def _pushed(stack: list[str], name: str) -> Iterator[None]:
+    stack.append(name)
+    try:
+        yield
+    finally:
+        stack.pop()

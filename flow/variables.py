@@ -22,6 +22,8 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
     loc = user_location()
     if not isinstance(name, str) or not name:
         raise TraceError(f"{loc}: {api}: name must be a non-empty string, got {name!r}")
+    if ctx.namespaces:     # flow.scope.namespace("a"): "a-<name>", as OneFlow names it
+        name = "-".join(ctx.namespaces + [name])
     problem = variable_name_problem(name)     # decided here, not at the first checkpoint save
     if problem is not None:
         raise TraceError(f"{loc}: {api}: name {shorten_name(name)} {problem}")

@@ -130,7 +130,18 @@ def _infer_grad_filter(inputs: list, attrs: dict) -> TensorType:
 
 
 register(OpRule("conv2d", "window", _infer_conv, conv_reference, _conv_grad))
-register(OpRule("conv2d_grad_input", "window", _infer_grad_input, conv_grad_input_reference, differentiable=False))
+def _conv_grad_input_grad(e, node, dy):
+    # conv2d_grad_input is linear in both inputs and is the adjoint of conv2d in its input: its
+    # gradient is a convolution (for dy) and a filter gradient (for w).  flow.nn.conv2d_transpose
+    # is this op, so it trains.
+    grad_out, w = node.inputs
+    attrs = _conv_attrs(node)
+    d_grad_out = e.op("conv2d", dy, w, **attrs)
+    dw = e.op("conv2d_grad_filter", dy, grad_out, filter_shape=e.type(w).shape, **attrs)
+    return [d_grad_out, dw]
+
+
+register(OpRule("conv2d_grad_input", "window", _infer_grad_input, conv_grad_input_reference, _conv_grad_input_grad))
 register(OpRule("conv2d_grad_filter", "window", _infer_grad_filter, conv_grad_filter_reference, differentiable=False))
 
 
