@@ -34,6 +34,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     `session.declare_state_variable(name, type, loc)` (an optimizer's zero-initialized state).
     """
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
+    if config.default_device is not None:      # function_config().default_placement_scope: the whole body
+        ctx.device_stack = [config.default_device]
     code = fn.__code__
     signature_line = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"   # placeholders live there
     with tracing(ctx):
@@ -67,18 +69,18 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
     if ctx.optimizers:
         return ctx.optimizers[0]
     if ctx.losses:
-        train = config.train
-        if train.primary_lr_value is None or train.update_conf is None:
+        lr, update_conf = config.primary_lr, config.model_update_conf
+        if lr is None or update_conf is None:
             raise TraceError(f"{where}: flow.losses.add_loss() needs config.train.primary_lr(...) and "
                              "config.train.model_update_conf(...) in the job's function_config")
-        return from_model_update_conf(train.update_conf, train.primary_lr_value), ctx.losses[0]
+        return from_model_update_conf(update_conf, lr), ctx.losses[0]
     raise TraceError(f"{where}: a train job must call optimizer.minimize(loss), e.g. "
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
 
 def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer, loss: Blob) -> Graph:
     session, builder = ctx.session, ctx.builder
-    trainable = {var: node for var, node in ctx.variable_nodes.items() if session.variables[var].trainable}
+    trainable = {var: node for var, node in ctx.variable_nodes.items() if var in ctx.trainable_variables}
     if not trainable:
         raise TraceError(f"{builder.nodes[loss.id].loc}: optimizer.minimize: the job has no trainable variables")
     # OneFlow's rule: the update uses the gradient of the summed loss divided by the loss's

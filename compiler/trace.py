@@ -53,6 +53,7 @@ class TraceContext:
     builder: GraphBuilder = field(default_factory=GraphBuilder)
     placeholders: list[int] = field(default_factory=list)
     variable_nodes: dict[str, int] = field(default_factory=dict)
+    trainable_variables: set[str] = field(default_factory=set)   # declared trainable=True in this job
     losses: list[Blob] = field(default_factory=list)
     optimizers: list[tuple[Any, Blob]] = field(default_factory=list)   # (optimizer, loss)
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])

@@ -34,7 +34,10 @@ class NumpyPlaceholder:
             raise TypeError(f"Numpy.Placeholder: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 0 for d in self.shape):
             raise ValueError(f"Numpy.Placeholder: shape must not have negative dims, got {self.shape}")
-        self.dtype = dtype_name(dtype)
+        try:
+            self.dtype = dtype_name(dtype)
+        except TypeError as err:
+            raise TypeError(f"Numpy.Placeholder: {err}") from None
 
     def __repr__(self) -> str:
         return f"Numpy.Placeholder({self.shape}, dtype=flow.{self.dtype})"
