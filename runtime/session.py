@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -44,8 +43,8 @@ class Session:
         """Remember a job function of this session (decorated while it was the default one, or called in
         it): `trace_jobs` traces it."""
         with self._lock:
-            if not any(ref() is job for ref in self._job_functions):
-                self._job_functions.append(weakref.ref(job))
+            if not any(known is job for known in self._job_functions):
+                self._job_functions.append(job)
 
     def trace_jobs(self, why: str) -> None:
         """Trace every job function of the session not traced in it yet, declaring their variables.
@@ -59,7 +58,7 @@ class Session:
             session.trace_jobs("flow.checkpoint.save()")
         """
         with self._lock:
-            jobs = [job for job in (ref() for ref in self._job_functions) if job is not None]
+            jobs = list(self._job_functions)
         for job in jobs:
             try:
                 job.trace_in(self)
@@ -123,7 +122,9 @@ class Session:
         self._lock = threading.Condition(threading.Lock())  # guards the pipeline's creation, _calling, _closed
         self._calling = 0          # calls between taking this session and handing their step over
         self._closed = False
-        self._job_functions: list[weakref.ref] = []    # every job function of the session, in order
+        # Every job function of the session, in order, kept as OneFlow's session keeps its jobs (until
+        # clear_default_session), so that the session's initialization can trace them.
+        self._job_functions: list[Any] = []
 
     @property
     def pipeline(self):
@@ -186,6 +187,8 @@ class Session:
         for job in list(self.jobs):
             job.release(self)
         self.jobs.clear()
+        with self._lock:
+            self._job_functions.clear()
         for err in errors:
             warnings.warn(f"flowc: an asynchronous call failed before the session was cleared: {err!r}",
                           RuntimeWarning, stacklevel=3)

@@ -159,10 +159,10 @@ def test_auto_mixed_precision_is_recorded_and_warns_once_that_it_is_not_applied(
     config.enable_auto_mixed_precision(True)
     assert config.auto_mixed_precision
     with pytest.warns(RuntimeWarning, match="enable_auto_mixed_precision is recorded but not applied"):
-        placed_job(config, "amp_job").graph
+        assert placed_job(config, "amp_job").graph.nodes
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        placed_job(config, "amp_job_2").graph            # once per process
+        assert placed_job(config, "amp_job_2").graph.nodes            # once per process
     assert not flow.function_config().auto_mixed_precision
 
 
@@ -170,10 +170,10 @@ def test_secondary_lr_must_equal_primary_lr():
     config = flow.function_config()
     config.train.primary_lr(0.1)
     config.train.secondary_lr(0.1)
-    placed_job(config, "same_lr").graph
+    assert placed_job(config, "same_lr").graph.nodes
     config.train.secondary_lr(0.2)
     with pytest.raises(flow.UnsupportedError, match="secondary_lr.*differs from train.primary_lr"):
-        placed_job(config, "other_lr").graph
+        assert placed_job(config, "other_lr").graph.nodes
 
 
 def test_old_style_global_function_config_with_train_options_makes_a_train_job():
