@@ -93,6 +93,12 @@ def current(what: str = "this op") -> TraceContext:
     return _current[-1]
 
 
+def tracing_in_this_thread() -> bool:
+    """Is this thread tracing a job function now?"""
+    me = threading.get_ident()
+    return any(ctx.thread_id == me for ctx in _current)
+
+
 def refuse_job_call_while_tracing(job_name: str) -> None:
     """Raise JobCallError, naming the user's line, if this thread is tracing a job function.
 

@@ -57,6 +57,9 @@ class Session:
         Example:
             session.trace_jobs("flow.checkpoint.save()")
         """
+        from flowc.compiler.trace import tracing_in_this_thread
+        if tracing_in_this_thread():     # get_all_variables() inside a job body: that trace is not done
+            return
         with self._lock:
             jobs = list(self._job_functions)
         for job in jobs:

@@ -156,3 +156,15 @@ def test_a_variable_trained_in_one_job_is_read_but_not_trained_in_another():
     assert "w-momentum" not in after
     trains_w(x)                                      # still trained where trainable
     np.testing.assert_allclose(flow.get_all_variables()["w"].numpy(), np.full(4, 0.8), rtol=1e-6)
+
+
+def test_get_all_variables_inside_a_job_body_does_not_trace_again():
+    seen = []
+
+    @flow.global_function(type="predict")
+    def peeks(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(4,), initializer=flow.constant_initializer(3.0))
+        seen.append(sorted(flow.get_all_variables()))     # while traced: what is declared so far
+        return x * w
+    np.testing.assert_array_equal(peeks(X), X * 3)
+    assert seen == [["w"]]
