@@ -40,6 +40,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     (`Blob.is_dynamic`); `pack_arguments` turns the flat placeholder Blobs into `fn`'s arguments.
     """
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
+    if config.default_device is not None:      # function_config().default_placement_scope: the whole body
+        ctx.device_stack = [config.default_device]
     code = fn.__code__
     signature_line = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"   # placeholders live there
     with tracing(ctx):
@@ -103,15 +105,15 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
     if ctx.optimizers:
         return ctx.optimizers[0]
     if ctx.losses:
-        train = config.train
-        if train.primary_lr_value is None or train.update_conf is None:
+        lr, update_conf = config.primary_lr, config.model_update_conf
+        if lr is None or update_conf is None:
             raise TraceError(f"{where}: flow.losses.add_loss() needs config.train.primary_lr(...) and "
                              "config.train.model_update_conf(...) in the job's function_config")
         loss = ctx.losses[0]
         if len(ctx.losses) > 1:   # OneFlow adds the gradients of every loss
             with tracing(ctx):
                 loss = combine_losses(ctx.losses, "flow.losses.add_loss", where)
-        return from_model_update_conf(train.update_conf, train.primary_lr_value), loss
+        return from_model_update_conf(update_conf, lr), loss
     raise TraceError(f"{where}: a train job must call optimizer.minimize(loss), e.g. "
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
@@ -127,7 +129,7 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
     that have one."""
     session, builder = ctx.session, ctx.builder
     trainable = {var: node for var, node in ctx.variable_nodes.items()
-                 if session.variables[var].trainable and optimizer.updates(var)}
+                 if var in ctx.trainable_variables and optimizer.updates(var)}
     if not trainable:
         raise TraceError(f"{builder.nodes[loss.id].loc}: optimizer.minimize: the job has no trainable variables")
     e = GradEmitter(builder)

@@ -16,3 +16,8 @@ class JobCallError(FlowError, TypeError):
 
 class StepError(FlowError, RuntimeError):
     """A compiled step failed at run time (for example a label out of range)."""
+
+
+class UnsupportedError(FlowError, NotImplementedError):
+    """A OneFlow feature flowc knows of but does not implement (eager mode, user_op_builder, OFRecord
+    readers, some FunctionConfig options); the message names the feature and why."""

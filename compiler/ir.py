@@ -39,6 +39,9 @@ def dtype_name(dtype: Any) -> str:
     """Canonical IR name of a dtype given as IR name, NumPy dtype or flow dtype."""
     name = getattr(dtype, "ir_name", None)
     if name is not None:
+        if name not in DTYPES:       # flow.float16: a dtype name flowc has no kernels for yet
+            raise TypeError(f"flow.{name} is not supported by flowc's kernels yet; flowc supports "
+                            f"{', '.join(DTYPES)}")
         return name
     if dtype is None:
         raise TypeError("dtype must be given (e.g. flow.float32); None is not a dtype")

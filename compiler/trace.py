@@ -68,6 +68,7 @@ class TraceContext:
     builder: GraphBuilder = field(default_factory=GraphBuilder)
     placeholders: list[int] = field(default_factory=list)
     variable_nodes: dict[str, int] = field(default_factory=dict)
+    trainable_variables: set[str] = field(default_factory=set)   # declared trainable=True in this job
     losses: list[Blob] = field(default_factory=list)
     optimizers: list[tuple[Any, Blob]] = field(default_factory=list)   # (optimizer, loss)
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])
@@ -109,6 +110,12 @@ def current(what: str = "this op") -> TraceContext:
         raise TraceError(f"{user_location()}: {what} can only be used inside a function decorated "
                          "with @flow.global_function (it builds the job's graph)")
     return _current[-1]
+
+
+def tracing_in_this_thread() -> bool:
+    """Is this thread tracing a job function now?"""
+    me = threading.get_ident()
+    return any(ctx.thread_id == me for ctx in _current)
 
 
 def refuse_job_call_while_tracing(job_name: str) -> None:

@@ -13,12 +13,13 @@ Example:
 """
 import warnings as _warnings
 
-from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
-from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
+from flowc.compiler.dtypes import (char, convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, int8,
+                                   int32, int64, uint8)
+from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError, UnsupportedError
 from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing
-from flow import checkpoint, distribute, regularizers, train
+from flow import checkpoint, distribute, image, regularizers, train, unsupported
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
@@ -43,12 +44,16 @@ double = float64
 # The public API: what `from flow import *` binds and what linters count as re-exported.
 __all__ = [
     # submodules
-    "checkpoint", "config", "data", "distribute", "layers", "losses", "math", "nn", "optimizer", "regularizers",
-    "scope", "train", "typing",
+    "checkpoint", "config", "data", "distribute", "image", "layers", "losses", "math", "nn", "optimizer",
+    "regularizers", "scope", "train", "typing",
     # data types
-    "float", "double", "float32", "float64", "int8", "int32", "int64", "uint8",
+    "float", "double", "float16", "float32", "float64", "char", "int8", "int32", "int64", "uint8",
+    "convert_oneflow_dtype_to_numpy_dtype",
     # errors
-    "FlowError", "JobCallError", "StepError", "TraceError",
+    "FlowError", "JobCallError", "StepError", "TraceError", "UnsupportedError",
+    # execution modes; features flowc does not support (flow/unsupported.py: calling them raises)
+    "eager_execution_enabled", "enable_eager_execution", "user_op_builder", "consistent_user_op_builder",
+    "user_op_module_builder",
     # blobs and ops
     "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
     # sources, views and indexing (flow/indexing.py)
@@ -80,6 +85,34 @@ def function_config() -> FunctionConfig:
         config.default_data_type(flow.float)
     """
     return FunctionConfig()
+
+
+def eager_execution_enabled() -> bool:
+    """False: flowc runs job functions in OneFlow's lazy (graph) mode only.
+
+    Example:
+        flow.eager_execution_enabled()   # False
+    """
+    return False
+
+
+def enable_eager_execution(val: bool = True) -> None:
+    """Eager execution is not supported: raises UnsupportedError, except `enable_eager_execution(False)`
+    (lazy mode, which is what flowc runs).
+
+    Example:
+        flow.enable_eager_execution(False)   # fine: lazy mode
+        flow.enable_eager_execution()        # UnsupportedError: ... eager execution ...
+    """
+    if not isinstance(val, bool):
+        raise TypeError(f"flow.enable_eager_execution: expected True or False, got {val!r}")
+    if val:
+        unsupported.stub("enable_eager_execution")()
+
+
+user_op_builder = unsupported.stub("user_op_builder")
+consistent_user_op_builder = unsupported.stub("consistent_user_op_builder")
+user_op_module_builder = unsupported.stub("user_op_module_builder")
 
 
 def fixed_placement(device_tag: _DeviceName, machine_device_ids="0:0"):

@@ -21,7 +21,9 @@ def save(path) -> None:
     Example:
         flow.checkpoint.save("./lenet_models_1")
     """
-    _impl.save(default_session(), path)
+    session = default_session()
+    session.trace_jobs("flow.checkpoint.save()")
+    _impl.save(session, path)
 
 
 def get(path) -> dict[str, SavedVariable]:
@@ -36,20 +38,27 @@ def get(path) -> dict[str, SavedVariable]:
 def load_variables(value_dict: dict[str, Any], ignore_mismatch: bool = True) -> None:
     """Set variables by name from NumPy arrays or objects with `.numpy()` (e.g. `flow.checkpoint.get`).
 
-    Every value is checked (shape, dtype) before any is written.  A name no job has declared yet is
-    kept and becomes that variable's value when a job declares it (jobs declare their variables at
-    their first call); with `ignore_mismatch=False` such a name is an error instead.
+    Every value is checked (shape, dtype) before any is written.  Every job function defined so far is
+    traced first (as OneFlow initializes its session here), so their variables are known; a name no job
+    declares is kept and becomes that variable's value when a later job declares it; with
+    `ignore_mismatch=False` such a name is an error instead.
 
     Example:
         flow.load_variables({"w": np.zeros((10, 784), np.float32)})
     """
-    _impl.load_values(default_session(), value_dict, "flow.load_variables", ignore_unknown=ignore_mismatch)
+    session = default_session()
+    session.trace_jobs("flow.load_variables()")
+    _impl.load_values(session, value_dict, "flow.load_variables", ignore_unknown=ignore_mismatch)
 
 
 def get_all_variables() -> dict[str, VariableValue]:
-    """Every declared variable: name -> object whose `.numpy()` returns a copy of its current value.
+    """Every variable of the session's jobs: name -> object whose `.numpy()` returns a copy of its current
+    value.  As in OneFlow, the first call (like a checkpoint operation or the first job call) traces
+    every job function defined so far, so their variables are listed, initialized, before any job ran.
 
     Example:
         weights = {name: v.numpy() for name, v in flow.get_all_variables().items()}
     """
-    return _impl.all_variables(default_session())
+    session = default_session()
+    session.trace_jobs("flow.get_all_variables()")
+    return _impl.all_variables(session)

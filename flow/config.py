@@ -1,21 +1,154 @@
-"""`flow.config`: environment settings.  flowc runs on one device, so these only check their input."""
+"""`flow.config`: OneFlow 0.3's environment settings, from one rule table (`OPTIONS`).
+
+flowc runs a job on one device of one machine, so most settings have nothing to act on: they check
+their argument as OneFlow does, record it and do nothing else (status `meaningless`), or ask for what
+flowc always does (status `always`).  A setting whose value would need what flowc lacks fails
+(`machine_num(2)`), and `load_library` fails naming the feature (flow/unsupported.py).  Misspelled
+names fail with the closest name.
+
+Example:
+    flow.config.gpu_device_num(1)
+    flow.config.enable_legacy_model_io(True)
+    flow.config.collective_boxing.nccl_fusion_threshold_mb(16)
+    flow.config.load_library("my_op.so")     # UnsupportedError: ... custom C++ ops ...
+"""
 from __future__ import annotations
 
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
 
-def gpu_device_num(n: int) -> None:
-    """Accepted for compatibility (flowc uses at most one GPU)."""
-    if int(n) < 0:
-        raise ValueError(f"flow.config.gpu_device_num: expected a count >= 0, got {n}")
+from flow import unsupported as _unsupported
+from flowc.compiler.errors import UnsupportedError
 
-
-def cpu_device_num(n: int) -> None:
-    """Accepted for compatibility (flowc runs one CPU device; threads come from OpenMP)."""
-    if int(n) < 0:
-        raise ValueError(f"flow.config.cpu_device_num: expected a count >= 0, got {n}")
+ALWAYS, MEANINGLESS, IMPLEMENTED = "always", "meaningless", "implemented"
+_REQUIRED = object()
 
 
-def enable_debug_mode(flag: bool = True) -> None:
-    """Accepted for compatibility.  flowc's own debugging switches are environment variables:
-    FLOWC_DEBUG=1 (IR after each pass, generated code, memory plan) and FLOWC_PROFILE=1."""
-    if not isinstance(flag, bool):
-        raise TypeError(f"flow.config.enable_debug_mode: expected True or False, got {flag!r}")
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"flow.config.{name}: expected True or False, got {value!r}")
+    return value
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"flow.config.{name}: expected an int >= 0, got {value!r}")
+    return value
+
+
+def _one_machine(name: str, value: Any) -> int:
+    count = _count(name, value)
+    if count > 1:
+        raise UnsupportedError(f"flow.config.{name}({count}): flowc runs on one machine; several machines "
+                               "are not supported")
+    return count
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    """One `flow.config` setting: status, note, argument check and the default when called bare."""
+    name: str
+    status: str
+    check: Callable[[str, Any], Any]
+    default: Any
+    note: str
+
+
+_ONE_DEVICE = "flowc runs a job on one device (one GPU at most); nothing is distributed"
+_NETWORK = "flowc runs on one machine: there is no network transport to tune"
+_BOXING = "collective communication between devices does not happen on one device"
+_IO = "flowc reads and writes both checkpoint formats (flow.train.CheckPoint and flow.checkpoint) always"
+
+_TABLE: list[tuple[str, str, Callable[[str, Any], Any], Any, str]] = [
+    ("machine_num", IMPLEMENTED, _one_machine, _REQUIRED, "1 is accepted; more machines fail"),
+    ("gpu_device_num", MEANINGLESS, _count, _REQUIRED, _ONE_DEVICE),
+    ("cpu_device_num", MEANINGLESS, _count, _REQUIRED, "one CPU device; its threads come from OpenMP"),
+    ("comm_net_worker_num", MEANINGLESS, _count, _REQUIRED, _NETWORK),
+    ("max_mdsave_worker_num", MEANINGLESS, _count, _REQUIRED, "checkpoints are written by the calling thread"),
+    ("enable_numa_aware_cuda_malloc_host", MEANINGLESS, _bool, True, "flowc allocates host memory with NumPy"),
+    ("compute_thread_pool_size", MEANINGLESS, _count, _REQUIRED, "compiled steps use OpenMP's threads"),
+    ("rdma_mem_block_mbyte", MEANINGLESS, _count, _REQUIRED, _NETWORK),
+    ("rdma_recv_msg_buf_mbyte", MEANINGLESS, _count, _REQUIRED, _NETWORK),
+    ("reserved_host_mem_mbyte", MEANINGLESS, _count, _REQUIRED, "the memory plan sizes every buffer exactly"),
+    ("reserved_device_mem_mbyte", MEANINGLESS, _count, _REQUIRED, "the memory plan sizes every buffer exactly"),
+    ("use_rdma", MEANINGLESS, _bool, True, _NETWORK),
+    ("thread_enable_local_message_queue", MEANINGLESS, _bool, _REQUIRED, "flowc has no actor message queues"),
+    ("enable_debug_mode", MEANINGLESS, _bool, True,
+     "flowc's debugging switches are environment variables: FLOWC_DEBUG=1 (IR after each pass, generated "
+     "code, memory plan) and FLOWC_PROFILE=1"),
+    ("save_downloaded_file_to_local_fs", MEANINGLESS, _bool, True, "flowc reads local files only"),
+    ("persistence_buf_byte", MEANINGLESS, _count, _REQUIRED, "checkpoints are written in one piece"),
+    ("enable_legacy_model_io", ALWAYS, _bool, True, _IO),
+    ("enable_model_io_v2", ALWAYS, _bool, _REQUIRED, _IO),
+    ("collect_act_event", MEANINGLESS, _bool, True, "profile with FLOWC_PROFILE=1 and job.profile()"),
+    ("enable_tensor_float_32_compute", MEANINGLESS, _bool, True, "flowc's GPU kernels compute in float32"),
+    ("nccl_use_compute_stream", MEANINGLESS, _bool, False, _BOXING),
+    ("disable_group_boxing_by_dst_parallel", MEANINGLESS, _bool, False, _BOXING),
+    ("collective_boxing.enable_fusion", MEANINGLESS, _bool, True, _BOXING),
+    ("collective_boxing.num_callback_threads", MEANINGLESS, _count, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_num_streams", MEANINGLESS, _count, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_threshold_mb", MEANINGLESS, _count, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_all_reduce_use_buffer", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_all_reduce", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_reduce_scatter", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_all_gather", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_reduce", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_broadcast", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_max_ops", MEANINGLESS, _count, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_enable_all_to_all", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_enable_mixed_fusion", MEANINGLESS, _bool, _REQUIRED, _BOXING),
+]
+OPTIONS: dict[str, ConfigOption] = {row[0]: ConfigOption(*row) for row in _TABLE}
+# What the settings were last set to (process-wide, as OneFlow's environment config).
+values: dict[str, Any] = {}
+
+
+def _setter(option: ConfigOption) -> Callable[..., None]:
+    def set_option(val: Any = _REQUIRED) -> None:
+        if val is _REQUIRED:
+            val = option.default
+            if val is _REQUIRED:
+                raise TypeError(f"flow.config.{option.name}: missing its argument")
+        values[option.name] = option.check(option.name, val)
+    set_option.__name__ = set_option.__qualname__ = option.name.rsplit(".", 1)[-1]
+    set_option.__doc__ = f"flow.config.{option.name} ({option.status}): {option.note}"
+    return set_option
+
+
+class _Namespace:
+    """`flow.config.collective_boxing`: the nested settings."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        for name, option in OPTIONS.items():
+            if name.startswith(prefix + "."):
+                setattr(self, name[len(prefix) + 1:], _setter(option))
+
+    def __getattr__(self, name: str) -> Any:
+        raise _unknown(f"{self._prefix}.{name}")
+
+
+def _unknown(name: str) -> AttributeError:
+    known = list(OPTIONS) + list(_unsupported.stubs("config")) + ["legacy_model_io_enabled"]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return AttributeError(f"flow.config has no setting {name!r}{hint}")
+
+
+def legacy_model_io_enabled() -> bool:
+    """What `enable_legacy_model_io` was last set to (True by default: flowc supports both formats).
+
+    Example:
+        flow.config.legacy_model_io_enabled()   # True
+    """
+    return values.get("enable_legacy_model_io", True)
+
+
+collective_boxing = _Namespace("collective_boxing")
+globals().update({name: _setter(option) for name, option in OPTIONS.items() if "." not in name})
+globals().update(_unsupported.stubs("config"))     # load_library, load_library_now
+
+
+def __getattr__(name: str) -> Any:
+    raise _unknown(name)

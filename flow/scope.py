@@ -2,18 +2,43 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from flowc.compiler.backends import DeviceName, device_names
 from flowc.compiler.trace import _current
 
 
-@contextlib.contextmanager
-def placement(device_tag: DeviceName, machine_device_ids="0:0") -> Iterator[None]:
+class PlacementScope:
+    """What `flow.scope.placement(...)` returns: a `with` block that places the ops created inside, or
+    a job's `function_config().default_placement_scope(...)`.  It may be entered again (each trace of
+    the job enters it)."""
+
+    def __init__(self, device_tag: str, machine_device_ids) -> None:
+        self.device_tag = device_tag
+        self.machine_device_ids = machine_device_ids
+        self._entered: list[Any] = []       # the trace context each open `with` pushed onto
+
+    def __enter__(self) -> None:
+        ctx = _current[-1] if _current else None
+        if ctx is not None:
+            ctx.device_stack.append(self.device_tag)
+        self._entered.append(ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        ctx = self._entered.pop()
+        if ctx is not None:
+            ctx.device_stack.pop()
+
+    def __repr__(self) -> str:
+        return f"flow.scope.placement({self.device_tag!r}, {self.machine_device_ids!r})"
+
+
+def placement(device_tag: DeviceName, machine_device_ids="0:0") -> PlacementScope:
     """`with flow.scope.placement("cpu", "0:0"):` places the ops created inside on that device.
 
     The device tags are the registered backends' ("cpu", "gpu"); where a placement's backend cannot
-    run (no GPU here), the job runs on the CPU with a warning.
+    run (no GPU here), the job runs on the CPU with a warning.  Also the argument of
+    `function_config().default_placement_scope`, which places the whole job.
 
     Example:
         with flow.scope.placement("cpu", "0:0"):
@@ -23,14 +48,7 @@ def placement(device_tag: DeviceName, machine_device_ids="0:0") -> Iterator[None
     if device_tag not in names:
         raise ValueError(f"flow.scope.placement: device_tag must be {' or '.join(map(repr, names))}, "
                          f"got {device_tag!r}")
-    ctx = _current[-1] if _current else None
-    if ctx is not None:
-        ctx.device_stack.append(device_tag)
-    try:
-        yield
-    finally:
-        if ctx is not None:
-            ctx.device_stack.pop()
+    return PlacementScope(device_tag, machine_device_ids)
 
 
 def consistent_view():

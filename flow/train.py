@@ -15,19 +15,25 @@ from flowc.runtime.session import default_session
 class CheckPoint:
     """Initialize, save and load the variables of the default session.
 
-    `init()` and `load()` may come before the first job call, as in OneFlow programs: variables a job
-    has not declared yet get their initializer (init) or the loaded value (load) when it declares them.
+    `init()`, `save()` and `load()` may come before the first job call, as in OneFlow programs: like
+    OneFlow, each first traces every job function defined so far, so their variables exist.
     """
 
     def init(self) -> None:
         """Reset every declared variable to its initializer's values (in place) and the train step
         counters to zero; forget values loaded for variables not declared yet."""
-        _impl.init(default_session())
+        session = default_session()
+        session.trace_jobs("CheckPoint.init()")
+        _impl.init(session)
 
     def save(self, path) -> None:
         """Save every variable to the new folder `path` (it must not exist, or be empty)."""
-        _impl.save(default_session(), path)
+        session = default_session()
+        session.trace_jobs("CheckPoint.save()")
+        _impl.save(session, path)
 
     def load(self, path) -> None:
         """Load the checkpoint folder `path`: every value is checked before any is written."""
-        _impl.load(default_session(), path)
+        session = default_session()
+        session.trace_jobs("CheckPoint.load()")
+        _impl.load(session, path)

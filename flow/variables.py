@@ -35,7 +35,10 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
         raise TraceError(f"{loc}: {api}: shape of {name!r} must be a sequence of ints, got {shape!r}") from None
     if any(d <= 0 for d in shape):
         raise TraceError(f"{loc}: {api}: shape of {name!r} must be positive, got {list(shape)}")
-    dtype = dtype_name(dtype) if dtype is not None else ctx.default_dtype
+    try:
+        dtype = dtype_name(dtype) if dtype is not None else ctx.default_dtype
+    except TypeError as err:
+        raise TraceError(f"{loc}: {api}: dtype of {name!r}: {err}") from None
     if initializer is None:
         initializer = initializers.glorot_uniform_initializer()
     if not hasattr(initializer, "sample"):
@@ -46,6 +49,8 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
         _set_regularizer(ctx, name, regularizer, loc)
     if name in ctx.variable_nodes:
         return Blob(ctx, ctx.variable_nodes[name])
+    if trainable:          # this job trains it; another job may declare it trainable=False and only read it
+        ctx.trainable_variables.add(name)
     blob = emit("variable", [], {"name": name, "shape": shape, "dtype": dtype}, name=name, api=api)
     ctx.variable_nodes[name] = blob.id
     return blob

@@ -21,8 +21,9 @@ import numpy as np
 
 from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
 from flowc.compiler.errors import JobCallError, StepError
-from flowc.compiler.ir import dtype_name, numpy_dtype
+from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.trace import refuse_job_call_while_tracing
+from flowc.runtime.function_config import FunctionConfig
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
 from flowc.runtime.pipeline import running_callback_of
 from flowc.runtime.register import Register
@@ -36,81 +37,6 @@ if TYPE_CHECKING:
     from flowc.runtime.session import Session
 
 _warned_gpu = False
-# Three stages overlap: the caller feeds step k+2 while step k+1 computes and step k's callback runs.
-DEFAULT_PIPELINE_DEPTH = 3
-
-
-class TrainConfig:
-    """`config.train.*` of the old training style (with `flow.losses.add_loss`)."""
-
-    def __init__(self) -> None:
-        self.primary_lr_value: float | None = None
-        self.update_conf: dict | None = None
-
-    def primary_lr(self, lr: float) -> None:
-        self.primary_lr_value = float(lr)
-
-    def model_update_conf(self, conf: dict) -> None:
-        self.update_conf = conf
-
-
-class FunctionConfig:
-    """What `flow.function_config()` returns.
-
-    Example:
-        config = flow.function_config()
-        config.default_data_type(flow.float)
-        @flow.global_function(type="train", function_config=config)
-        def train_job(...): ...
-    """
-
-    def __init__(self) -> None:
-        self.default_dtype = "float32"
-        self.train = TrainConfig()
-        self.depth = DEFAULT_PIPELINE_DEPTH
-        self.numerics_checked = False
-
-    def check_numerics(self, flag: bool = True) -> None:
-        """Debug mode: a NaN or an infinity in any op's output (float tensors, gradients and updated
-        variables included) fails the step with a StepError naming the op and the user's line.
-
-        The generated step scans every output a kernel stores right after that kernel and stops at
-        the first non-finite one, so a NaN that arises before the optimizer's update kernels leaves
-        every variable unchanged and the step is not counted.  A NaN produced by an update itself is
-        caught after that update ran: a variable updated in place already holds it (one updated by
-        copy does not).  Off by default, and free when off (the generated code is the same as
-        without the option); on, each step reads every output once more, and on the GPU waits for
-        the device after each check.  OneFlow's FunctionConfig has no such option; this is flowc's.
-
-        Example:
-            config.check_numerics(True)
-            # StepError: job.py:12: log produced NaN (1 of 6 values, ...) in job ... (check_numerics: ...)
-        """
-        if not isinstance(flag, bool):
-            raise TypeError(f"function_config.check_numerics: expected True or False, got {flag!r}")
-        self.numerics_checked = flag
-
-    def concurrency_width(self, n: int) -> None:
-        """How many calls of the job may be in flight at once, results waiting for their callbacks
-        included (the pipeline depth); a call blocks beyond, so a slow callback holds the caller back.
-
-        Example:
-            config.concurrency_width(2)      # at most two steps or callbacks of the job pending
-        """
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"function_config.concurrency_width: expected an int >= 1, got {n!r}")
-        self.depth = n
-
-    def default_data_type(self, dtype) -> None:
-        self.default_dtype = dtype_name(dtype)
-
-    def default_logical_view(self, view=None) -> None:
-        """Accepted for compatibility: on one device the consistent and mirrored views agree."""
-
-    def __getattr__(self, name: str):
-        raise AttributeError(f"function_config has no option {name!r}; flowc supports default_data_type, "
-                             "default_logical_view, concurrency_width, check_numerics and train.primary_lr / "
-                             "train.model_update_conf")
 
 
 @dataclass(frozen=True)
@@ -190,7 +116,8 @@ def reset_jobs_after_fork() -> None:
 class JobFunction:
     """A traced-on-first-call job; call it like the Python function it wraps."""
 
-    def __init__(self, fn: Callable, job_type: str, config: FunctionConfig) -> None:
+    def __init__(self, fn: Callable, job_type: str, config: FunctionConfig,
+                 variant_of: JobFunction | None = None) -> None:
         if job_type not in ("train", "predict"):
             raise ValueError(f"global_function: type must be 'train' or 'predict', got {job_type!r}")
         self.fn = fn
@@ -201,7 +128,7 @@ class JobFunction:
         # A job with mirrored (dynamic) inputs runs each call on a build for the shapes it was given:
         # one JobFunction per shape, traced, compiled (through the cache) and loaded on first use.
         self._variants: dict[tuple, JobFunction] = {}
-        self._variant_of: JobFunction | None = None
+        self._variant_of = variant_of
         self.result_spec, self.asynchronous = result_spec_of(fn)
         self.old_api = self.result_spec.kind == "auto"
         # Threads may make their first calls at once: the lock makes one of them trace, compile and
@@ -215,6 +142,8 @@ class JobFunction:
         self._ready: ReadyStep | None = None         # once traced, compiled and loaded in self._session
         functools.update_wrapper(self, fn)
         _jobs.add(self)
+        if variant_of is None:       # a variant is built when a call needs it, never by trace_jobs
+            default_session().add_job_function(self)     # traced when the session initializes (trace_jobs)
 
     @property
     def loaded(self) -> LoadedStep | None:
@@ -234,6 +163,11 @@ class JobFunction:
         ready = self._ready
         if ready is not None and ready.session is session:
             return ready
+        if self._variant_of is None:
+            session.add_job_function(self)
+        # OneFlow builds every job of the session at its first call: their variables exist from then on
+        # (outside this job's lock: tracing another job takes that job's lock).
+        session.trace_jobs(f"the first call of job {self.name!r}")
         with self._lock:
             ready = self._ready
             if ready is not None and ready.session is session:     # another thread built it meanwhile
@@ -251,11 +185,17 @@ class JobFunction:
                 session.jobs.append(self)
             return ready
 
+    def trace_in(self, session: Session) -> None:
+        """Trace the job in `session` if it is not traced there yet (Session.trace_jobs)."""
+        if self._traced is None or self._session is not session:
+            self._trace(session)
+
     def _trace(self, session: Session) -> TracedJob:
         """The traced job in `session` (traced again when the session changed)."""
         with self._lock:
             if self._traced is None or self._session is not session:
                 from flowc.compiler.build import build_job_graph
+                self.config.check_for_job(self.name)
                 self.release()
                 start = time.perf_counter()
                 with _build_lock:
@@ -422,10 +362,9 @@ class JobFunction:
         with self._lock:
             variant = self._variants.get(shapes)
             if variant is None:
-                variant = JobFunction(self.fn, self.job_type, self.config)
+                variant = JobFunction(self.fn, self.job_type, self.config, variant_of=self)
                 variant.placeholders = [dataclasses.replace(p, shape=shape)
                                         for p, shape in zip(self.placeholders, shapes)]
-                variant._variant_of = self
                 self._variants[shapes] = variant
                 if len(self._variants) == _MANY_VARIANTS:
                     warnings.warn(f"job {self.name!r} was called with mirrored inputs of {_MANY_VARIANTS} "
@@ -591,9 +530,8 @@ def global_function(type: str | FunctionConfig | Callable = "predict", function_
         warnings.warn("global_function(config) is deprecated; use global_function(type=..., "
                       "function_config=config)", DeprecationWarning, stacklevel=2)
         # the old API had no `type`: a config with training settings made a train job
-        train = type.train.primary_lr_value is not None or type.train.update_conf is not None
         function_config = type
-        type = "train" if train else "predict"
+        type = "train" if type.trains else "predict"
     config = function_config if function_config is not None else FunctionConfig()
     if not isinstance(config, FunctionConfig):
         raise TypeError(f"global_function: function_config must come from flow.function_config(), "

@@ -23,7 +23,7 @@ class VariableSlot:
     name: str
     type: TensorType
     initializer: Any
-    trainable: bool
+    trainable: bool            # some job trains it (which ones: each job's trace decides)
     defined_at: str
     value: np.ndarray | None = None
 
@@ -39,6 +39,40 @@ class Session:
     # name -> PendingValue; declare_variable checks it and uses it as the initial value.
     pending_values: dict[str, Any] = field(default_factory=dict)
 
+    def add_job_function(self, job: Any) -> None:
+        """Remember a job function of this session (decorated while it was the default one, or called in
+        it): `trace_jobs` traces it."""
+        with self._lock:
+            if not any(known is job for known in self._job_functions):
+                self._job_functions.append(job)
+
+    def trace_jobs(self, why: str) -> None:
+        """Trace every job function of the session not traced in it yet, declaring their variables.
+
+        OneFlow initializes its session (builds every global function) at the first job call,
+        `get_all_variables()` or checkpoint operation; flowc does the same at those points, so that
+        a save before any call saves every job's variables and a load before any call reaches them.
+        An error tracing a job propagates, with a note naming `why` the job was traced.
+
+        Example:
+            session.trace_jobs("flow.checkpoint.save()")
+        """
+        from flowc.compiler.trace import tracing_in_this_thread
+        if tracing_in_this_thread():     # get_all_variables() inside a job body: that trace is not done
+            return
+        with self._lock:
+            jobs = list(self._job_functions)
+        for job in jobs:
+            try:
+                job.trace_in(self)
+            except Exception as err:
+                add_note = getattr(err, "add_note", None)       # Python 3.11+
+                if add_note is not None:
+                    add_note(f"(flowc traced job {job.name!r} for {why}: as OneFlow, flowc builds every job "
+                             "function of the session at its first job call, get_all_variables() or "
+                             "checkpoint operation)")
+                raise
+
     def declare_variable(self, name: str, type_: TensorType, initializer: Any, trainable: bool,
                          loc: str) -> VariableSlot:
         """Register a variable, or return the existing one after checking it agrees."""
@@ -53,9 +87,9 @@ class Session:
         if (slot.type.shape, slot.type.dtype) != (type_.shape, type_.dtype):
             raise TraceError(f"{loc}: variable {name!r} is {type_} here but was defined as {slot.type} "
                              f"at {slot.defined_at}")
-        if slot.trainable != trainable:
-            raise TraceError(f"{loc}: variable {name!r} is trainable={trainable} here but was defined with "
-                             f"trainable={slot.trainable} at {slot.defined_at}")
+        # As in OneFlow, `trainable` belongs to the job that declares it: a variable one job trains and
+        # another only reads is one variable (each job's trace records which variables it trains).
+        slot.trainable = slot.trainable or trainable
         return slot
 
     def declare_state_variable(self, name: str, type_: TensorType, loc: str, initial: float = 0.0) -> VariableSlot:
@@ -93,6 +127,9 @@ class Session:
         self._lock = threading.Condition(threading.Lock())  # guards the pipeline's creation, _calling, _closed
         self._calling = 0          # calls between taking this session and handing their step over
         self._closed = False
+        # Every job function of the session, in order, kept as OneFlow's session keeps its jobs (until
+        # clear_default_session), so that the session's initialization can trace them.
+        self._job_functions: list[Any] = []
 
     @property
     def pipeline(self):
@@ -155,6 +192,8 @@ class Session:
         for job in list(self.jobs):
             job.release(self)
         self.jobs.clear()
+        with self._lock:
+            self._job_functions.clear()
         for err in errors:
             warnings.warn(f"flowc: an asynchronous call failed before the session was cleared: {err!r}",
                           RuntimeWarning, stacklevel=3)

@@ -61,7 +61,10 @@ class NumpyPlaceholder:
             raise TypeError(f"{what}: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 0 for d in self.shape):
             raise ValueError(f"{what}: shape must not have negative dims, got {self.shape}")
-        self.dtype = dtype_name(dtype)
+        try:
+            self.dtype = dtype_name(dtype)
+        except TypeError as err:
+            raise TypeError(f"{what}: {err}") from None
         if batch_axis is not None:
             if isinstance(batch_axis, bool) or not isinstance(batch_axis, int) or \
                     not -len(self.shape) <= batch_axis < max(len(self.shape), 1):

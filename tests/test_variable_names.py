@@ -14,6 +14,7 @@ import flow
 import flow.typing as tp
 import flowc.runtime.checkpoint as ckpt
 from flowc.compiler.errors import TraceError
+from flowc.runtime.session import default_session
 
 
 def job_with_variable(name: str):
@@ -48,7 +49,7 @@ def test_bad_names_are_refused_at_declaration_naming_the_users_line(name, reason
     assert message.startswith(f"{_declaration_line()}: flow.get_variable: name ")
     assert reason in message
     assert len(message) < 600                    # a 10,000-character name is not repeated whole
-    assert not flow.get_all_variables()          # nothing was declared
+    assert not default_session().variables       # nothing was declared
 
 
 def test_the_longest_allowed_name_saves_with_its_optimizer_state(tmp_path):
