@@ -13,13 +13,16 @@ Example:
 """
 import warnings as _warnings
 
+from flowc.compiler.dtypes import DType as dtype  # noqa: F401 - OneFlow's name of the dtype class
 from flowc.compiler.dtypes import (char, convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, int8,
                                    int32, int64, uint8)
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError, UnsupportedError
 from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing
-from flow import checkpoint, distribute, image, regularizers, train, unsupported
+from flow import checkpoint, distribute, env, image, profiler, regularizers, train, unsupported
+from flow import nvtx
+from flow import system
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
@@ -28,6 +31,7 @@ from flow.indexing import (assign, broadcast_like, cast_to_current_logical_view,
                            reshape_like, reverse, slice, slice_update, slice_v2, squeeze, stack, where, zeros,
                            zeros_like)
 from flow.variables import get_variable
+from flow.math import broadcast_to_compatible_with
 from flow.math import clip_by_value, clip_by_value as clip, clip_by_value as clamp, clip_by_value as clip_by_scalar
 from flow.watch import watch, watch_diff
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
@@ -44,8 +48,9 @@ double = float64
 # The public API: what `from flow import *` binds and what linters count as re-exported.
 __all__ = [
     # submodules
-    "checkpoint", "config", "data", "distribute", "image", "layers", "losses", "math", "nn", "optimizer",
-    "regularizers", "scope", "train", "typing",
+    "checkpoint", "config", "data", "distribute", "env", "image", "layers", "losses", "math", "nn", "optimizer",
+    "nvtx", "profiler", "regularizers", "scope", "system", "train", "typing", "dtype",
+    "amp_white_identity", "cast_to_static_shape", "current_machine_id", "broadcast_to_compatible_with",
     # data types
     "float", "double", "float16", "float32", "float64", "char", "int8", "int32", "int64", "uint8",
     "convert_oneflow_dtype_to_numpy_dtype",
@@ -113,6 +118,58 @@ def enable_eager_execution(val: bool = True) -> None:
 user_op_builder = unsupported.stub("user_op_builder")
 consistent_user_op_builder = unsupported.stub("consistent_user_op_builder")
 user_op_module_builder = unsupported.stub("user_op_module_builder")
+
+
+def _bind_unsupported() -> None:
+    """Bind every name of flow/unsupported.py where OneFlow has it, so that calling it raises
+    UnsupportedError naming the feature (never an AttributeError); namespaces holding only such
+    names become modules of stubs."""
+    import sys
+    here = sys.modules[__name__]
+    for ns in unsupported.UNSUPPORTED_NAMESPACES:
+        parent, _, leaf = ns.rpartition(".")
+        setattr(getattr(here, parent) if parent else here, leaf, unsupported.namespace_module(ns))
+    namespaces = {name.rpartition(".")[0] for name in unsupported.UNSUPPORTED}
+    for ns in sorted(namespaces):
+        target, path = here, []
+        for part in ns.split(".") if ns else []:
+            path.append(part)
+            if not hasattr(target, part):       # a namespace flowc has no module for: one of stubs
+                setattr(target, part, unsupported.namespace_module(".".join(path)))
+            target = getattr(target, part)
+        for name, stub in unsupported.stubs(ns).items():
+            if not hasattr(target, name):
+                setattr(target, name, stub)
+
+
+_bind_unsupported()
+
+
+def amp_white_identity(x, name: str | None = None) -> Blob:
+    """OneFlow's marker that `x` may be float16 under auto mixed precision; the value is `x`.
+
+    Example:
+        y = flow.amp_white_identity(x)
+    """
+    return identity(x, name)
+
+
+def cast_to_static_shape(x, name: str | None = None) -> Blob:
+    """The blob with its static shape; every flowc blob has one, so this is `x`.
+
+    Example:
+        y = flow.cast_to_static_shape(x)
+    """
+    return identity(x, name)
+
+
+def current_machine_id() -> int:
+    """The index of this machine among the session's machines: 0 (flowc runs on one machine).
+
+    Example:
+        flow.current_machine_id()   # 0
+    """
+    return 0
 
 
 def fixed_placement(device_tag: _DeviceName, machine_device_ids="0:0"):

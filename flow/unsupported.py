@@ -21,6 +21,21 @@ _IMAGE = "image ops work on OFRecord tensor buffers, which flowc does not suppor
 _CUSTOM_OPS = ("custom C++ ops need OneFlow's op registry and runtime; flowc compiles its own op set "
                "(see docs/oneflow_compat.md)")
 
+_DYNAMIC = ("the shape of its result depends on the values it is given; flowc compiles every shape ahead of "
+            "the step (see docs/dynamic_inputs.md for inputs smaller than declared)")
+_SEVERAL_DEVICES = ("it works across devices or machines; flowc runs a job on one device (data parallelism: a "
+                    "later issue)")
+_DETECTION = ("an object-detection op of OneFlow's Mask R-CNN models (boxes, anchors, polygons); not in flowc's "
+              "op set")
+_TENSOR_BUFFER = ("tensor buffers and tensor lists hold tensors of different shapes in one blob; flowc's blobs "
+                  "have one static shape (tp.ListListNumpy inputs are joined along axis 0)")
+_INTERNAL = "an internal of OneFlow's runtime or graph builder, with no counterpart in flowc"
+_NOT_YET = "not implemented in flowc yet"
+_NO_LIBRARY = "flowc has no C++ library to build custom ops against (see docs/oneflow_compat.md)"
+_SUMMARY = "OneFlow's TensorBoard summary writer; record values with flow.watch or job results instead"
+_UNITTEST = "OneFlow's own test harness; flowc's tests use pytest"
+_RANDOM_OPS = "random ops other than dropout are not implemented in flowc yet; draw on the host with NumPy"
+
 # Fully qualified name (under `flow.`) -> reason.
 UNSUPPORTED: dict[str, str] = {
     "user_op_builder": _CUSTOM_OPS,
@@ -37,6 +52,57 @@ UNSUPPORTED: dict[str, str] = {
         "ImagePreprocessor", "ImageResizePreprocessor", "NormByChannelPreprocessor", "ImageCodec", "RawCodec",
         "BytesListCodec", "BlobConf", "image_decoder_random_crop_resize", "ImageDecoderRandomCropResize",
         "coco_reader", "COCOReader", "megatron_gpt_mmap_data_loader", "MegatronGPTMMapDataLoader")},
+    "consistent_user_op_module_builder": _CUSTOM_OPS,
+    "builtin_op": _CUSTOM_OPS,
+    **{name: _DYNAMIC for name in ("argwhere", "nonzero", "dynamic_reshape", "sync_dynamic_resize",
+                                    "dim0_dynamic_to_fixed")},
+    **{name: _SEVERAL_DEVICES for name in ("eager_nccl_all_reduce", "distributed_partial_fc_sample",
+                                            "math.two_stage_reduce_max", "math.two_stage_reduce_min",
+                                            "deprecated.init_worker", "deprecated.delete_worker",
+                                            "deprecated.delete_worker_by_bootstrap")},
+    **{f"detection.{name}": _DETECTION for name in (
+        "affine_channel", "anchor_generate", "box_decode", "box_encode", "calc_iou_matrix", "clip_to_image",
+        "extract_piece_slice_id", "identify_non_small_boxes", "identify_outside_anchors", "level_map",
+        "maskrcnn_positive_negative_sample", "maskrcnn_split", "nms", "object_bbox_flip", "object_bbox_scale",
+        "object_segmentation_polygon_flip", "object_segmentation_polygon_scale",
+        "object_segmentation_polygon_to_mask", "pos_neg_sampler", "roi_align", "smooth_l1", "upsample_nearest")},
+    **{name: _DETECTION for name in (
+        "object_bbox_flip", "object_bbox_scale", "object_segmentation_polygon_flip",
+        "object_segmentation_polygon_scale", "object_segmentation_polygon_to_mask", "layers.affine_channel")},
+    **{name: _IMAGE for name in ("image_batch_align", "image_decode", "image_flip", "image_normalize",
+                                  "image_random_crop", "image_resize", "image_target_resize")},
+    **{name: _TENSOR_BUFFER for name in ("tensor_buffer", "tensor_buffer_to_tensor", "tensor_buffer_to_tensor_list",
+                                          "tensor_list_split", "tensor_list_to_tensor_buffer",
+                                          "tensor_to_tensor_buffer")},
+    "record": _OFRECORD,
+    "data.OneRecDecoder": _OFRECORD,
+    "data.onerec_decoder": _OFRECORD,
+    "onerec.decode_onerec": _OFRECORD,
+    "onerec.FieldConf": _OFRECORD,
+    **{name: _INTERNAL for name in ("current_resource", "current_scope", "find_or_create_module",
+                                     "inter_job_reuse_mem_strategy", "pad_grad", "layers.layer_norm_grad",
+                                     "layers.layer_norm_param_grad", "placement.current_scope", "scope.current_scope",
+                                     "same_padding", "sleep_identity", "math.reduced_shape_elem_cnt")},
+    **{name: _NOT_YET for name in (
+        "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "combined_margin_loss", "ctc_loss",
+        "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag", "dim_gather", "gather_nd", "scatter_nd",
+        "tensor_scatter_nd_add", "tensor_scatter_nd_update", "layers.conv3d", "nn.conv3d", "layers.upsample_2d",
+        "layers.batch_normalization_add_relu", "layers.batch_normalization_relu", "nn.GroupNorm",
+        "nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d", "nn.PixelShuffle", "nn.PixelShufflev2",
+        "nn.random_mask_like", "nn.sparse_cross_entropy", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
+        "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
+        "elem_cnt")},
+    "env.current_resource": _INTERNAL,
+    **{f"random.{name}": _RANDOM_OPS for name in ("bernoulli", "coin_flip", "CoinFlip", "shuffle",
+                                                  "generate_random_batch_permutation_indices")},
+    **{f"sysconfig.{name}": _NO_LIBRARY for name in (
+        "get_compile_flags", "get_include", "get_lib", "get_link_flags", "has_rpc_backend_grpc",
+        "has_rpc_backend_local", "with_cuda", "with_xla")},
+    **{f"summary.{name}": _SUMMARY for name in ("create_summary_writer", "flush_summary_writer", "histogram",
+                                                "image", "pb", "scalar")},
+    **{f"unittest.{name}": _UNITTEST for name in (
+        "num_nodes_required", "register_test_cases", "TestCase", "TestCase_1n1d", "env.eager_execution_enabled",
+        "env.gpu_device_num", "env.has_node_list", "env.node_list", "env.node_size", "env.typing_check_enabled")},
     **{f"image.{name}": _IMAGE for name in (
         "Resize", "resize", "CropMirrorNormalize", "crop_mirror_normalize", "decode", "target_resize",
         "batch_align", "normalize", "flip", "random_crop")},
@@ -65,3 +131,29 @@ def stubs(namespace: str) -> dict[str, Callable[..., NoReturn]]:
     prefix = f"{namespace}." if namespace else ""
     return {name[len(prefix):]: stub(name) for name in UNSUPPORTED
             if name.startswith(prefix) and "." not in name[len(prefix):]}
+
+
+# Namespaces of OneFlow that hold only unsupported names: flow/__init__.py makes each a module of stubs.
+UNSUPPORTED_NAMESPACES = ("detection", "onerec", "summary", "sysconfig", "unittest", "unittest.env", "deprecated",
+                          "placement")
+
+
+def namespace_module(namespace: str, package: str = "flow"):
+    """A module `flow.<namespace>` whose names are the stubs of that namespace (sub-namespaces included)."""
+    import sys
+    import types
+    module = types.ModuleType(f"{package}.{namespace}", f"OneFlow's flow.{namespace}: not supported by flowc "
+                                                         "(flow/unsupported.py names why).")
+    for name, fn in stubs(namespace).items():
+        setattr(module, name, fn)
+    sys.modules[module.__name__] = module
+    return module
+
+
+def accepted(reason: str):
+    """Mark a function flowc accepts without effect (a setting or marker with no meaning here): the
+    compatibility table (docs/oneflow_compat.md) lists it as "accepted (no-op)" with `reason`."""
+    def mark(fn):
+        fn.__flowc_no_op__ = reason
+        return fn
+    return mark

@@ -214,6 +214,11 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("train.loss_scale_factor", MEANINGLESS, _number,
      "in float32 scaling the loss and unscaling its gradients cancel; no float16 here yet"),
     ("enable_cudnn", MEANINGLESS, _bool, _NO_CUDNN),
+    # set through OneFlow's C++-registered job-conf attributes: stage-parallel (SSP) pipelining across devices
+    ("enable_ssp", MEANINGLESS, _bool, _ONE_DEVICE),
+    ("ssp_partition_strategy", MEANINGLESS, _anything, _ONE_DEVICE),
+    ("ssp_partition_scope_ids", MEANINGLESS, _anything, _ONE_DEVICE),
+    ("enable_pseudo_chain_merge", MEANINGLESS, _bool, "flowc has no task graph of chains to merge"),
     ("cudnn_buf_limit_mbyte", MEANINGLESS, _int, _NO_CUDNN),
     ("cudnn_conv_force_fwd_algo", MEANINGLESS, _int, _NO_CUDNN),
     ("cudnn_conv_force_bwd_data_algo", MEANINGLESS, _int, _NO_CUDNN),
