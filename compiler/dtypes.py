@@ -38,10 +38,24 @@ class DType:
         return f"flow.{self.ir_name}"
 
 
+float16 = DType("float16")   # stored as IEEE binary16; flowc computes it in float32 (see compiler/passes/float16.py)
+half = float16
 float32 = DType("float32")
 float64 = DType("float64")
 int8 = DType("int8")
 uint8 = DType("uint8")
 int32 = DType("int32")
 int64 = DType("int64")
-BY_NAME = {d.ir_name: d for d in (float32, float64, int8, uint8, int32, int64)}
+BY_NAME = {d.ir_name: d for d in (float16, float32, float64, int8, uint8, int32, int64)}
+
+
+def convert_oneflow_dtype_to_numpy_dtype(dtype: DType) -> np.dtype:
+    """The NumPy dtype of a flow dtype, as OneFlow's function of that name.
+
+    Example:
+        flow.convert_oneflow_dtype_to_numpy_dtype(flow.float16)   # dtype('float16')
+    """
+    if not isinstance(dtype, DType):
+        raise TypeError(f"convert_oneflow_dtype_to_numpy_dtype: dtype must be a flow dtype such as flow.float32, "
+                        f"got {dtype!r}")
+    return dtype.numpy_dtype

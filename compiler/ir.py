@@ -25,6 +25,7 @@ import numpy as np
 
 # dtype names used throughout the IR, with their NumPy and C++ spellings.
 DTYPES: dict[str, tuple[np.dtype, str]] = {
+    "float16": (np.dtype(np.float16), "flowc::half"),   # stored as 2 bytes, computed in float32
     "float32": (np.dtype(np.float32), "float"),
     "float64": (np.dtype(np.float64), "double"),
     "int8": (np.dtype(np.int8), "int8_t"),
@@ -32,7 +33,7 @@ DTYPES: dict[str, tuple[np.dtype, str]] = {
     "int32": (np.dtype(np.int32), "int32_t"),
     "int64": (np.dtype(np.int64), "int64_t"),
 }
-FLOAT_DTYPES = ("float32", "float64")
+FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def dtype_name(dtype: Any) -> str:

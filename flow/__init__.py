@@ -13,7 +13,7 @@ Example:
 """
 import warnings as _warnings
 
-from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
+from flowc.compiler.dtypes import convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, half, int8, int32, int64, uint8
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
 from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
@@ -47,6 +47,7 @@ __all__ = [
     "scope", "train", "typing",
     # data types
     "float", "double", "float32", "float64", "int8", "int32", "int64", "uint8",
+    "float16", "half", "convert_oneflow_dtype_to_numpy_dtype",
     # errors
     "FlowError", "JobCallError", "StepError", "TraceError",
     # blobs and ops
