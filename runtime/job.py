@@ -104,6 +104,18 @@ class FunctionConfig:
     def default_data_type(self, dtype) -> None:
         self.default_dtype = dtype_name(dtype)
 
+    def enable_auto_mixed_precision(self, flag: bool = True) -> None:
+        """Compute matmuls and convolutions (and the ops between them) in float16, variables kept in
+        float32: OneFlow's AMP rewrite (compiler/passes/mixed_precision.py).  Pair it with
+        `loss_scale_policy=flow.optimizer.loss_scale.dynamic_loss_scale()` in train jobs.
+
+        Example:
+            config.enable_auto_mixed_precision(True)
+        """
+        if not isinstance(flag, bool):
+            raise TypeError(f"function_config.enable_auto_mixed_precision: expected True or False, got {flag!r}")
+        self.auto_mixed_precision = flag
+
     def default_logical_view(self, view=None) -> None:
         """Accepted for compatibility: on one device the consistent and mirrored views agree."""
 
