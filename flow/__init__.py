@@ -13,7 +13,8 @@ Example:
 """
 import warnings as _warnings
 
-from flowc.compiler.dtypes import convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, half, int8, int32, int64, uint8
+from flowc.compiler.dtypes import float32, float64, int8, int32, int64, uint8
+from flowc.compiler.dtypes import convert_oneflow_dtype_to_numpy_dtype, float16, half
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError
 from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
