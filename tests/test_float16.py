@@ -128,9 +128,12 @@ def test_float16_variables_train_and_checkpoint(tmp_path):
 
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(F16)
     losses = [float(train(x)) for _ in range(5)]
+    before = {name: flow.get_all_variables()[name].numpy().copy() for name in train.graph.variables}
+    (want_loss,), updates = run_reference(train.graph, [x], before, {"learning_rate:float16": 0.05})
+    assert_half_close(train(x), want_loss)                      # one more step against the reference
     after = flow.get_all_variables()["w16"].numpy()
-    assert after.dtype == F16
-    assert losses[-1] < losses[0]
+    assert after.dtype == F16 and losses[-1] < losses[0]
+    assert_half_close(after, updates["w16"])
     flow.checkpoint.save(str(tmp_path / "ck"))
     assert "data_type: kFloat16" in (tmp_path / "ck" / "w16" / "meta").read_text()
     assert (tmp_path / "ck" / "w16" / "out").read_bytes() == after.astype("<f2").tobytes()

@@ -16,7 +16,6 @@ def mlp_job(amp: bool, name: str):
     if amp:
         config.enable_auto_mixed_precision(True)
 
-    @flow.global_function(type="train", function_config=config)
     def train(x: tp.Numpy.Placeholder((32, 20)), y: tp.Numpy.Placeholder((32,), dtype=flow.int32)) -> tp.Numpy:
         h = flow.layers.dense(x, 16, activation=flow.nn.relu, name=f"{name}_hidden")
         logits = flow.layers.dense(h, 4, name=f"{name}_out")
@@ -25,8 +24,8 @@ def mlp_job(amp: bool, name: str):
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]),
                            loss_scale_policy=policy).minimize(loss)
         return loss
-    train.__name__ = f"train_{name}"
-    return train
+    train.__name__ = train.__qualname__ = f"train_{name}"     # its own loss-scale variables
+    return flow.global_function(type="train", function_config=config)(train)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +66,54 @@ def test_amp_graph_has_float16_matmuls_and_float32_variables(trained):
     xent = [n for n in graph.nodes if n.op == "sparse_softmax_cross_entropy"]
     assert xent and all(n.type.dtype == "float32" for n in xent)       # black: float32
     assert all(n.type.dtype == "float32" for n in jobs["fp32"].graph.nodes if n.type.dtype.startswith("float"))
+
+
+def test_an_amp_step_equals_the_reference(trained):
+    """One compiled AMP train step (CPU) against the NumPy reference of the same graph: float16
+    values within the float16 tolerance of tests/test_float16.py, the float32 master weights close."""
+    from flowc.compiler.reference import run_reference
+    jobs, _, _ = trained
+    job, graph = jobs["amp"], jobs["amp"].graph
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 20)).astype(np.float32)
+    y = rng.integers(0, 4, 32).astype(np.int32)
+    before = {name: flow.get_all_variables()[name].numpy().copy() for name in graph.variables}
+    (want_loss,), updates = run_reference(graph, [x, y], before, {"learning_rate:float32": 0.1})
+    got_loss = job(x, y)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=2e-3, atol=1e-3)
+    after = flow.get_all_variables()
+    for name, want in updates.items():
+        got = after[name].numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow
+def test_an_amp_train_step_equals_the_reference_in_the_cuda_emulator(tmp_path):
+    """The CUDA lowering of an AMP train step (float16 casts, __half storage) in the CPU emulator."""
+    from flowc.compiler.pipeline import lower
+    from flowc.compiler.reference import run_reference
+    from flowc.runtime.session import Session
+    from tests.test_cuda_codegen import Emulator, graph_of, render, replay
+    session = Session()
+    program = lower(graph_of(mlp_job(True, "emu"), session))
+    graph = program.graph
+    step = render(program, prefix="amp_")
+    emulator = Emulator(tmp_path)
+    lib = emulator.build(step.source, [la.kernel for la in step.launches], "-O1")
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((32, 20)).astype(np.float32), rng.integers(0, 4, 32).astype(np.int32)]
+    reference = {name: session.value(name).copy() for name in graph.variables}
+    device = {name: value.copy() for name, value in reference.items()}
+    scalars = {"learning_rate:float32": 0.1}
+    for _ in range(2):
+        got, status = replay(emulator, lib, program, step, inputs, device, scalars)
+        want, updates = run_reference(graph, inputs, reference, scalars)
+        reference.update(updates)
+        assert status == 0
+        np.testing.assert_allclose(got[0], want[0], rtol=2e-3, atol=1e-3)
+    for name in updates:
+        np.testing.assert_allclose(device[name], reference[name], rtol=2e-3, atol=1e-4, err_msg=name)
 
 
 def test_the_lists_follow_oneflow():
