@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
@@ -53,6 +53,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     where = f"job function {name!r} ({signature_line})"
     flat, layout = result_spec.flatten(result, where)
     optimizer, loss = _training_target(ctx, config, where)
+    if getattr(config, "auto_mixed_precision", False):
+        flat, loss = _mixed_precision(ctx, flat, loss)
     graph = Graph(name, list(ctx.builder.nodes), [b.id for b in flat], {},
                   {var: session.variables[var].type for var in ctx.variable_nodes},
                   {}, list(ctx.placeholders))
@@ -65,6 +67,20 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     watches = _watch_outputs(ctx, graph, diffs)
     graph.verify()
     return TracedJob(graph, layout, optimizer, watches)
+
+
+def _mixed_precision(ctx: TraceContext, flat: list[Blob], loss: Blob | None) -> tuple[list[Blob], Blob | None]:
+    """function_config().enable_auto_mixed_precision(True): rewrite the traced forward graph
+    (compiler/passes/mixed_precision.py) and point everything the trace recorded at the new nodes."""
+    from flowc.compiler.passes.mixed_precision import auto_mixed_precision
+    builder, new_id = auto_mixed_precision(ctx.builder.nodes)
+    ctx.builder = builder
+    ctx.placeholders = [new_id(p) for p in ctx.placeholders]
+    ctx.dynamic_inputs = {new_id(p) for p in ctx.dynamic_inputs}
+    ctx.variable_nodes = {var: new_id(n) for var, n in ctx.variable_nodes.items()}
+    ctx.assigns = {var: new_id(n) for var, n in ctx.assigns.items()}
+    ctx.watches = [replace(w, node=new_id(w.node)) for w in ctx.watches]
+    return [Blob(ctx, new_id(b.id)) for b in flat], (Blob(ctx, new_id(loss.id)) if loss is not None else None)
 
 
 def _watch_outputs(ctx: TraceContext, graph: Graph, diffs: dict[int, int]) -> list[tuple[WatchSpec, int]]:

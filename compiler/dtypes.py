@@ -39,7 +39,8 @@ class DType:
         return f"flow.{self.name}"
 
 
-float16 = DType("float16")     # a name only until flowc computes in float16: ops refuse it clearly
+float16 = DType("float16")   # stored as IEEE binary16; flowc computes it in float32 (see compiler/passes/float16.py)
+half = float16
 float32 = DType("float32")
 float64 = DType("float64")
 int8 = DType("int8")

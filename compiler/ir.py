@@ -25,6 +25,7 @@ import numpy as np
 
 # dtype names used throughout the IR, with their NumPy and C++ spellings.
 DTYPES: dict[str, tuple[np.dtype, str]] = {
+    "float16": (np.dtype(np.float16), "flowc::half"),   # stored as 2 bytes, computed in float32
     "float32": (np.dtype(np.float32), "float"),
     "float64": (np.dtype(np.float64), "double"),
     "int8": (np.dtype(np.int8), "int8_t"),
@@ -32,15 +33,15 @@ DTYPES: dict[str, tuple[np.dtype, str]] = {
     "int32": (np.dtype(np.int32), "int32_t"),
     "int64": (np.dtype(np.int64), "int64_t"),
 }
-FLOAT_DTYPES = ("float32", "float64")
+FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def dtype_name(dtype: Any) -> str:
     """Canonical IR name of a dtype given as IR name, NumPy dtype or flow dtype."""
     name = getattr(dtype, "ir_name", None)
     if name is not None:
-        if name not in DTYPES:       # flow.float16: a dtype name flowc has no kernels for yet
-            raise TypeError(f"flow.{name} is not supported by flowc's kernels yet; flowc supports "
+        if name not in DTYPES:       # a flow dtype name flowc has no kernels for
+            raise TypeError(f"flow.{name} is not supported by flowc's kernels; flowc supports "
                             f"{', '.join(DTYPES)}")
         return name
     if dtype is None:

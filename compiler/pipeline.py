@@ -18,7 +18,7 @@ from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
-from flowc.compiler.passes import canonicalize, fusion, memory, placement, simplify, snapshot
+from flowc.compiler.passes import canonicalize, float16, fusion, memory, placement, simplify, snapshot
 from flowc.compiler.program import Program
 
 
@@ -74,6 +74,8 @@ def _plan_memory(p: Program) -> Program:
 PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("simplify", _graph_pass(simplify.simplify)),
     ("place_devices", _graph_pass(placement.insert_device_copies)),   # no-op unless a node is off the host
+    # no-op unless the graph has float16 values: they are stored as halves, computed in float32
+    ("compute_float16_in_float32", _graph_pass(float16.compute_float16_in_float32)),
     ("split_reductions", _graph_pass(canonicalize.split_reductions)),
     ("fold_transposes", _graph_pass(canonicalize.fold_transposes)),
     ("simplify_again", _graph_pass(simplify.simplify)),

@@ -14,7 +14,7 @@ Example:
 import warnings as _warnings
 
 from flowc.compiler.dtypes import DType as dtype  # noqa: F401 - OneFlow's name of the dtype class
-from flowc.compiler.dtypes import (char, convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, int8,
+from flowc.compiler.dtypes import (char, convert_oneflow_dtype_to_numpy_dtype, float16, float32, float64, half, int8,
                                    int32, int64, uint8)
 from flowc.compiler.errors import FlowError, JobCallError, StepError, TraceError, UnsupportedError
 from flowc.compiler.backends import DeviceName as _DeviceName
@@ -52,7 +52,7 @@ __all__ = [
     "nvtx", "profiler", "regularizers", "scope", "system", "train", "typing", "dtype",
     "amp_white_identity", "cast_to_static_shape", "current_machine_id", "broadcast_to_compatible_with",
     # data types
-    "float", "double", "float16", "float32", "float64", "char", "int8", "int32", "int64", "uint8",
+    "float", "double", "float16", "half", "float32", "float64", "char", "int8", "int32", "int64", "uint8",
     "convert_oneflow_dtype_to_numpy_dtype",
     # errors
     "FlowError", "JobCallError", "StepError", "TraceError", "UnsupportedError",

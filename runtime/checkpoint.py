@@ -61,7 +61,7 @@ FILE_NAME_MAX_BYTES = 255
 MAX_VARIABLE_NAME_BYTES = FILE_NAME_MAX_BYTES - len("-momentum")
 
 # flowc dtype names <-> OneFlow's DataType enum names (as protobuf text format writes them).
-ONEFLOW_DTYPE = {"float32": "kFloat", "float64": "kDouble", "int8": "kInt8", "int32": "kInt32",
+ONEFLOW_DTYPE = {"float16": "kFloat16", "float32": "kFloat", "float64": "kDouble", "int8": "kInt8", "int32": "kInt32",
                  "int64": "kInt64", "uint8": "kUInt8"}
 FROM_ONEFLOW_DTYPE = {v: k for k, v in ONEFLOW_DTYPE.items()}
 

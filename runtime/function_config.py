@@ -160,7 +160,7 @@ _NO_CUDNN = "flowc generates its own kernels and does not call cuDNN"
 _ONE_DEVICE = "flowc runs a job on one device: nothing is distributed, reduced across devices or boxed"
 _OWN_MEMORY = "flowc's memory plan always reuses buffers (liveness-based)"
 _XRT = "flowc compiles the whole job itself; there is no second compiler (XLA, TensorRT) to hand it to"
-_NO_HALF = "applies to float16 kernels, which flowc does not generate yet"
+_NO_HALF = "a cuDNN half-precision knob: flowc computes float16 in float32 in its own kernels"
 
 _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     # -- implemented ----------------------------------------------------------------------------------
@@ -182,10 +182,10 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
      "the learning rate of the old training style (flow.losses.add_loss)"),
     ("train.model_update_conf", IMPLEMENTED, _update_conf,
      "the update rule of the old training style: naive_conf, momentum_conf or adam_conf"),
+    ("enable_auto_mixed_precision", IMPLEMENTED, _bool,
+     "OneFlow's AMP rewrite (compiler/passes/mixed_precision.py): matmuls and the ops between them in "
+     "float16, float32 master weights; pair it with flow.optimizer.loss_scale.dynamic_loss_scale()"),
     # -- recorded, not applied yet --------------------------------------------------------------------
-    ("enable_auto_mixed_precision", RECORDED, _bool,
-     "recorded (config.auto_mixed_precision); the float16 rewrite is pending: the job computes in "
-     "float32 and warns once that AMP is not applied"),
     ("indexed_slices_optimizer_conf", RECORDED, _dict,
      "recorded; gradients of gathered rows stay dense, which gives the same update for plain SGD; "
      "a job setting it warns once"),
@@ -212,7 +212,8 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("prune_cast_to_static_shape_ops", ALWAYS, _bool, "flowc's simplify pass removes identity ops"),
     # -- meaningless here -----------------------------------------------------------------------------
     ("train.loss_scale_factor", MEANINGLESS, _number,
-     "in float32 scaling the loss and unscaling its gradients cancel; no float16 here yet"),
+     "the old training style's loss scale; scaling the loss and unscaling its gradients cancel in the "
+     "float32 update (use an optimizer's loss_scale_policy for float16 and AMP jobs)"),
     ("enable_cudnn", MEANINGLESS, _bool, _NO_CUDNN),
     # set through OneFlow's C++-registered job-conf attributes: stage-parallel (SSP) pipelining across devices
     ("enable_ssp", MEANINGLESS, _bool, _ONE_DEVICE),
@@ -388,7 +389,7 @@ class FunctionConfig:
             raise OptionRefused(f"job {job_name!r}: function_config.train.secondary_lr({secondary}) differs from "
                                 f"train.primary_lr({self.primary_lr}); flowc uses one learning rate for every "
                                 "variable (OneFlow's secondary_lr applies to `bias` variables)")
-        for name in ("enable_auto_mixed_precision", "indexed_slices_optimizer_conf"):
+        for name in ("indexed_slices_optimizer_conf",):
             if self.values.get(name) and name not in _warned:
                 _warned.add(name)
                 warnings.warn(f"job {job_name!r}: function_config.{name} is recorded but not applied yet: "

@@ -9,6 +9,15 @@
 #include <utility>
 #include <vector>
 
+// cuda_fp16.h's __half, as much of it as generated code uses: conversions to and from float
+// (round to nearest even), over the host's IEEE binary16.
+#define FLOWC_CUDA_EMULATOR 1
+struct __half {
+  _Float16 bits;
+  __half() = default;
+  __half(float f) : bits((_Float16)f) {}
+  operator float() const { return (float)bits; }
+};
 struct uint3 { unsigned x, y, z; };
 struct dim3 { unsigned x, y, z; };
 namespace emu {

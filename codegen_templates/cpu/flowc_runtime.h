@@ -7,6 +7,12 @@
 
 namespace flowc {
 
+// float16's storage type (c_type "flowc::half"): GCC's IEEE binary16.  Generated code never
+// computes in it: compiler/passes/float16.py converts every float16 operand to float, computes in
+// float and rounds the result to half on store (round to nearest even, overflow to infinity,
+// NaN kept), which is what NumPy's float16 arithmetic does.
+using half = _Float16;
+
 // Dropout's keep decision for element i of step `step`: a counter-based hash (splitmix64's
 // finalizer over seed, step and index), so the mask needs no state, is the same in every run
 // with the same seed, and the NumPy reference computes the very same bits.

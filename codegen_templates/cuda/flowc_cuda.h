@@ -9,10 +9,17 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#ifndef FLOWC_CUDA_EMULATOR
+#include <cuda_fp16.h>
+#endif
 
 #define FLOWC_RESTRICT __restrict__
 
 namespace flowc {
+
+// float16's storage type (c_type "flowc::half"), converted to and from float only (by `cast`):
+// compiler/passes/float16.py makes every float16 op compute in float and round on store.
+using half = __half;
 
 // Dropout's keep decision for element i of step `step`: splitmix64's finalizer over seed, step
 // and index, exactly as on the CPU (and in the NumPy reference), so a mask is the same on

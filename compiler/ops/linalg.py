@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowc.compiler.ir import TensorType
+from flowc.compiler.ir import FLOAT_DTYPES, TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
 
 
@@ -29,8 +29,8 @@ def matmul_dims(a: tuple, b: tuple, ta: bool, tb: bool) -> tuple[int, int, int, 
 
 def _infer(inputs: list, attrs: dict) -> TensorType:
     a, b = inputs
-    if a.dtype != b.dtype or a.dtype not in ("float32", "float64"):
-        raise ShapeError(f"matmul: needs two float32 or two float64 operands, got {a.dtype} and {b.dtype}")
+    if a.dtype != b.dtype or a.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"matmul: needs two float16, float32 or float64 operands, got {a.dtype} and {b.dtype}")
     m, n, _, _ = matmul_dims(a.shape, b.shape, attrs["transpose_a"], attrs["transpose_b"])
     return TensorType(tuple(a.shape[:-2]) + (m, n), a.dtype)
 

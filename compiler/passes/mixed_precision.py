@@ -1,0 +1,135 @@
+"""`auto_mixed_precision`: the rewrite behind `function_config().enable_auto_mixed_precision(True)`.
+
+OneFlow's AMP, in flowc's ops.  Every op is on one of four lists:
+
+* WHITE: worth computing in float16 and safe to (matmul, which is also batch_matmul, and conv2d);
+* GRAY: fine in float16 when their neighbours are (add/sub/mul/div with their broadcast and scalar
+  forms, sigmoid, tanh, sqrt, gelu, average pooling);
+* CLEAR: exact in any precision, they only move or select values (relu, reshape, transpose, slices,
+  concat, gather, max pooling, broadcast_to);
+* BLACK: need float32 (reductions, softmax, cross-entropy, exp, log, pow, ...).  Any op on no list
+  also stays float32.
+
+The float16 set is found as OneFlow does:
+1. black spreads forward: a gray or clear op reached from a black op through gray and clear ops
+   (clear ones leading on to a gray or black op) is black too;
+2. a gray or clear op that is not black and lies on a path from a white op to a white op (through
+   gray and clear ops only) joins the white ops;
+3. a clear op all of whose float inputs are white becomes white, repeatedly (float16 flows on
+   through relu, reshape, ...).
+Only ops whose output and float inputs are float32 take part.  The white set computes in float16;
+a cast is inserted on every edge that crosses its boundary.  Variables (and every other source)
+are never in it: master weights stay float32, read through a cast to float16 in the forward
+pass, so their gradients flow back through the cast's gradient to float32 and the optimizer
+updates float32 values.  A result of the job keeps the dtype the job function gave it.
+
+The pass runs on the forward graph, before the backward pass is generated (OneFlow runs it before
+autograd too), so the gradients of float16 ops are float16 ops.  Loss scaling is the optimizer's:
+pair AMP with `loss_scale_policy=flow.optimizer.loss_scale.dynamic_loss_scale()` as OneFlow's
+examples do; without a policy the gradients are not scaled (small float16 gradients may flush to
+zero).  How a float16 op is computed is `compute_float16_in_float32`'s business (float16.py).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from flowc.compiler.ir import GraphBuilder, Node
+
+WHITE = frozenset({"matmul", "conv2d"})
+GRAY = frozenset({"add", "subtract", "multiply", "divide", "sigmoid", "tanh", "sqrt", "gelu", "avg_pool2d"})
+CLEAR = frozenset({"relu", "reshape", "transpose", "strided_slice", "slice_axis", "concat", "gather",
+                   "max_pool2d", "broadcast_to"})
+BLACK = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "softmax",
+                   "sparse_softmax_cross_entropy", "exp", "log", "pow", "expm1", "log1p", "square",
+                   "softplus", "log_sigmoid", "lgamma", "digamma"})
+FULL, HALF = "float32", "float16"
+
+
+def _eligible(n: Node, types: dict) -> bool:
+    """May `n` run in float16?  Its output and every float input are float32."""
+    return n.type.dtype == FULL and all(types[i].dtype == FULL for i in n.inputs
+                                        if types[i].dtype.startswith("float"))
+
+
+def half_set(nodes: list[Node]) -> set[int]:
+    """The ids of the ops AMP computes in float16 (the module docstring's steps 1-3)."""
+    types = {n.id: n.type for n in nodes}
+    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for i in n.inputs:
+            consumers[i].append(n.id)
+    op = {n.id: n.op for n in nodes}
+    ok = {n.id for n in nodes if _eligible(n, types)}
+
+    def upstream(ends: set[int], through: set[int]) -> set[int]:
+        """Nodes of `through` from which a node of `ends` is reached through nodes of `through`."""
+        found: set[int] = set()
+        for n in reversed(nodes):
+            if n.id in through and any(c in ends or c in found for c in consumers[n.id]):
+                found.add(n.id)
+        return found
+
+    def downstream(starts: set[int], within: set[int]) -> set[int]:
+        """Nodes of `within` reached from a node of `starts` through nodes of `within`."""
+        found: set[int] = set()
+        for n in nodes:
+            if n.id in within and any(i in starts or i in found for i in n.inputs):
+                found.add(n.id)
+        return found
+
+    black = {i for i in ok if op[i] in BLACK}
+    gray = {i for i in ok if op[i] in GRAY}
+    clear = {i for i in ok if op[i] in CLEAR}
+    # Step 1: gray ops, and clear ops leading on to a gray or black op, reached from a black op.
+    black |= downstream(black, black | gray | upstream(black | gray, clear))
+    # Step 2: gray and clear ops on a path between two white ops.
+    white = {i for i in ok if op[i] in WHITE}
+    white |= downstream(white, upstream(white, (gray | clear) - black))
+    # Step 3: clear ops fed only by white ops.
+    for n in nodes:
+        floats = [i for i in n.inputs if types[i].dtype.startswith("float")]
+        if n.id in clear and n.id not in black and floats and all(i in white for i in floats):
+            white.add(n.id)
+    return white
+
+
+def auto_mixed_precision(nodes: Iterable[Node]) -> tuple[GraphBuilder, Callable[[int], int]]:
+    """Rewrite a forward graph's nodes for AMP: a new builder, and a function from an old node id to
+    the new id of the same value in its original dtype (a cast back from float16 is added on first
+    use), for everything that refers to the old nodes (results, the loss, variables, watches).
+
+    Example:
+        builder, new_id = auto_mixed_precision(ctx.builder.nodes)
+        builder.types[new_id(loss)].dtype   # 'float32', computed from float16 matmuls
+    """
+    nodes = list(nodes)
+    white = half_set(nodes)
+    builder = GraphBuilder()
+    full: dict[int, int] = {}     # old id -> new id of its float32 (or original dtype) value
+    half: dict[int, int] = {}     # old id -> new id of its float16 value
+
+    def cast(n: Node, x: int, dtype: str) -> int:
+        return builder.add("cast", [x], {"dtype": dtype}, loc=n.loc, role=n.role, device=n.type.device)
+
+    def as_half(n: Node, old: int) -> int:
+        if old not in half:
+            half[old] = cast(n, full[old], HALF)
+        return half[old]
+
+    def as_full(n: Node, old: int) -> int:
+        if old not in full:
+            full[old] = cast(n, half[old], FULL)
+        return full[old]
+
+    def operand(n: Node, old: int) -> int:
+        if old in half:
+            return half[old]
+        return as_half(n, old) if builder.types[full[old]].dtype == FULL else full[old]
+
+    for n in nodes:
+        if n.id in white:
+            half[n.id] = builder.copy_node(n, tuple(operand(n, i) for i in n.inputs))
+        else:
+            full[n.id] = builder.copy_node(n, tuple(as_full(n, i) for i in n.inputs))
+    by_id = {n.id: n for n in nodes}
+    return builder, lambda old: as_full(by_id[old], old)
