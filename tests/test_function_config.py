@@ -153,16 +153,14 @@ def test_default_logical_view_is_recorded():
     assert devices(placed_job(config, "mirrored_job")) == {"cpu"}     # identity on one device
 
 
-def test_auto_mixed_precision_is_recorded_and_warns_once_that_it_is_not_applied(monkeypatch):
-    monkeypatch.setattr(fc, "_warned", set())
+def test_auto_mixed_precision_is_applied_without_a_warning():
     config = flow.function_config()
     config.enable_auto_mixed_precision(True)
     assert config.auto_mixed_precision
-    with pytest.warns(RuntimeWarning, match="enable_auto_mixed_precision is recorded but not applied"):
-        assert placed_job(config, "amp_job").graph.nodes
+    assert fc.OPTIONS["enable_auto_mixed_precision"].status == fc.IMPLEMENTED
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert placed_job(config, "amp_job_2").graph.nodes            # once per process
+        assert placed_job(config, "amp_job").graph.nodes
     assert not flow.function_config().auto_mixed_precision
 
 
