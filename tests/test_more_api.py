@@ -206,6 +206,7 @@ def test_compiled_equals_reference(compiled):
     _, _, got, want, _, _ = compiled
     for k, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape, k
+        assert np.all(np.isfinite(g)), f"output {k} (values, then gradients) is not finite"
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=f"output {k}")
 
 
@@ -215,13 +216,12 @@ def test_reference_equals_numpy(compiled):
     for name, (_, inputs, numpy_fn) in CASES.items():
         expected = numpy_fn(*[a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs])
         answers[name] = list(expected) if isinstance(expected, tuple) else [expected]
+    wrong = []
     for (name, k), w in zip(owners, want):
         expected = np.asarray(answers[name][k])
-        assert w.shape == expected.shape, (name, k)
-        if w.dtype.kind in "iu":
-            np.testing.assert_array_equal(w, expected, err_msg=f"{name} output {k}")
-        else:
-            np.testing.assert_allclose(w, expected, rtol=2e-5, atol=2e-6, err_msg=f"{name} output {k}")
+        if w.shape != expected.shape or not np.allclose(w, expected, rtol=2e-5, atol=2e-6):
+            wrong.append(f"{name} output {k}: {w} != {expected}")
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - NOT_DIFFERENTIABLE))
