@@ -298,3 +298,27 @@ def test_deprecated_scopes_through_a_job():
     for old in ("name_scope", "variable_scope", "device_prior_placement"):
         assert old in messages
     flow.clear_default_session()
+
+
+def test_layers_prelu_trains_its_alpha():
+    """<name>-alpha, shared axes, the forward value and one SGD step of alpha against NumPy."""
+    flow.clear_default_session()
+    x = np.array([[[1.0, -2.0], [-0.5, 3.0]], [[-1.0, 0.5], [-4.0, -2.0]]], np.float32)     # (2, 2, 2)
+
+    @flow.global_function(type="train")
+    def more_api_prelu(v: tp.Numpy.Placeholder((2, 2, 2))) -> tp.Numpy:
+        with flow.scope.namespace("block"):
+            y = flow.layers.prelu(v, alpha_initializer=flow.constant_initializer(0.25), shared_axes=[2], name="act")
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(
+            flow.math.reduce_sum(y))
+        return y
+
+    out = more_api_prelu(x)
+    np.testing.assert_allclose(out, np.where(x > 0, x, 0.25 * x))
+    alpha = flow.get_all_variables()["block-act-alpha"]
+    alpha = alpha.numpy() if hasattr(alpha, "numpy") else np.asarray(alpha)
+    assert alpha.shape == (2, 1)
+    # d(sum y)/d alpha[c] = sum of the negative x of channel c over batch and the shared axis
+    grad = np.where(x < 0, x, 0).sum(axis=(0, 2)).reshape(2, 1)
+    np.testing.assert_allclose(alpha, 0.25 - 0.1 * grad, rtol=1e-6)
+    flow.clear_default_session()
