@@ -171,3 +171,31 @@ def device_prior_placement(device_tag, machine_device_ids):
 
 __all__ = ["argsort", "sort", "range", "smooth_l1_loss", "dtypes", "name_scope", "variable_scope",
            "device_prior_placement"]
+
+
+def _logical_view() -> str:
+    from flowc.compiler.trace import _current
+    return _current[-1].logical_view if _current else "consistent"
+
+
+def consistent_view_enabled() -> bool:
+    """`flow.scope.consistent_view_enabled()`: True unless the job being traced has
+    `function_config().default_logical_view(flow.scope.mirrored_view())` (outside a job: True).
+
+    Example:
+        if flow.scope.consistent_view_enabled():
+            x = flow.identity(x)
+    """
+    return _logical_view() == "consistent"
+
+
+def mirrored_view_enabled() -> bool:
+    """`flow.scope.mirrored_view_enabled()`: True where the job being traced has the mirrored logical
+    view (`function_config().default_logical_view(flow.scope.mirrored_view())`).
+
+    Example:
+        if flow.scope.mirrored_view_enabled():
+            ...
+    """
+    return _logical_view() == "mirrored"
+

@@ -322,3 +322,30 @@ def test_layers_prelu_trains_its_alpha():
     grad = np.where(x < 0, x, 0).sum(axis=(0, 2)).reshape(2, 1)
     np.testing.assert_allclose(alpha, 0.25 - 0.1 * grad, rtol=1e-6)
     flow.clear_default_session()
+
+
+def test_view_enabled_reads_the_jobs_logical_view():
+    flow.clear_default_session()
+    seen = {}
+    config = flow.function_config()
+    config.default_logical_view(flow.scope.mirrored_view())
+
+    @flow.global_function(type="predict", function_config=config)
+    def more_api_mirrored(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        seen["mirrored"] = (flow.scope.mirrored_view_enabled(), flow.scope.consistent_view_enabled())
+        return x
+
+    @flow.global_function(type="predict")
+    def more_api_consistent(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        seen["consistent"] = (flow.scope.mirrored_view_enabled(), flow.scope.consistent_view_enabled())
+        with pytest.warns(DeprecationWarning, match="consistent_strategy_enabled"):
+            seen["deprecated"] = (flow.distribute.consistent_strategy_enabled(),)
+        return x
+
+    more_api_mirrored(np.zeros(2, np.float32))
+    more_api_consistent(np.zeros(2, np.float32))
+    assert seen == {"mirrored": (True, False), "consistent": (False, True), "deprecated": (True,)}
+    assert flow.scope.consistent_view_enabled() and not flow.scope.mirrored_view_enabled()
+    with pytest.warns(DeprecationWarning, match="mirrored_strategy_enabled"):
+        assert not flow.distribute.mirrored_strategy_enabled()
+    flow.clear_default_session()
