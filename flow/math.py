@@ -422,7 +422,8 @@ def polyval(coeffs, x, name: str | None = None) -> Blob:
                          f"{type(coeffs).__name__}")
     if not coeffs:
         return emit("constant", [], {"value": 0, "shape": x.shape, "dtype": x.type.dtype}, name=name or "", api=api)
-    result = emit("broadcast_to", [as_blob(coeffs[0], x, api)], {"shape": x.shape}, api=api)
+    first = float(coeffs[0]) if x.type.dtype.startswith("float") else coeffs[0]
+    result = emit("constant", [], {"value": first, "shape": x.shape, "dtype": x.type.dtype}, api=api)
     for k, c in enumerate(coeffs[1:], start=2):
         result = emit("add", [emit("multiply", [result, x], api=api), as_blob(c, x, api)],
                       name=(name or "") if k == len(coeffs) else "", api=api)
@@ -441,7 +442,14 @@ def sigmoid_grad(y, dy, name: str | None = None) -> Blob:
     return emit("multiply", [dy, slope], name=name or "", api=api)
 
 
+def _float_data(data: Blob, api: str) -> None:
+    if data.type.dtype not in ("float32", "float64"):
+        raise TraceError(f"{user_location()}: {api}: data must be float32 or float64 (the sum is a matrix "
+                         f"product), got {data.type.dtype}")
+
+
 def _segment_ids(data: Blob, segment_ids, axis: int, api: str) -> tuple[Blob, int]:
+    _float_data(data, api)
     ids = check_blob(segment_ids, api, "segment_ids")
     if ids.type.dtype not in ("int32", "int64"):
         raise TraceError(f"{user_location()}: {api}: segment_ids must be int32 or int64, got {ids.type.dtype}")
@@ -460,7 +468,8 @@ def unsorted_segment_sum(data, segment_ids, num_segments: int, axis: int = 0, na
     """`flow.math.unsorted_segment_sum(data, segment_ids, num_segments, axis=0)`: out[..., s, ...] is the
     sum of the slices of `data` whose segment id is s; `segment_ids` covers data's axes from `axis` on
     (its shape is data.shape[axis:axis + ids.rank]), and those axes become one of size `num_segments`.
-    An id outside [0, num_segments) is dropped, as in TensorFlow.  Differentiable in `data`.
+    An id outside [0, num_segments) is dropped, as in TensorFlow.  Differentiable in `data`, which must
+    be float32 or float64.
 
     Computed as a one-hot matrix product (num_segments x segments of work), which keeps gradients and
     every backend for free.
@@ -528,6 +537,7 @@ def unsorted_batch_segment_sum(data, segment_ids, num_segments: int, name: str |
     from flow.indexing import one_hot
     api = "flow.math.unsorted_batch_segment_sum"
     x = check_blob(data, api, "data")
+    _float_data(x, api)
     ids = check_blob(segment_ids, api, "segment_ids")
     if ids.type.dtype not in ("int32", "int64"):
         raise TraceError(f"{user_location()}: {api}: segment_ids must be int32 or int64, got {ids.type.dtype}")

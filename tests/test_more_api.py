@@ -256,6 +256,10 @@ def test_losses_check_their_arguments():
         build(lambda a, b: flow.sort(a, direction="UP"))
     with pytest.raises(TraceError, match="min_val"):
         build(lambda a, b: nn.hardtanh(a, 1.0, -1.0))
+    with pytest.raises(TraceError, match="data must be float32 or float64"):
+        trace_case(lambda d, i: m.unsorted_segment_sum(d, i, 3), [np.ones((4, 2), np.int32), _ids[:4]], grads=False)
+    graph, _, _ = trace_case(lambda x: m.polyval([1.0, 2.0], x), [np.array(3.0, np.float32)], grads=False)
+    assert run_reference(graph, [np.array(3.0, np.float32)], {})[0][0] == 5.0      # a scalar x
 
 
 def test_names_exist_where_oneflow_has_them():
