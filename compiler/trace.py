@@ -74,6 +74,7 @@ class TraceContext:
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])
     name_counts: dict[str, int] = field(default_factory=dict)
     default_dtype: str = "float32"                  # function_config().default_data_type
+    logical_view: str = "consistent"                # function_config().default_logical_view
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)

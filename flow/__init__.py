@@ -41,6 +41,9 @@ from flowc.runtime.initializers import (constant_initializer, glorot_normal_init
                                   xavier_uniform_initializer, zeros_initializer)
 from flowc.runtime.job import FunctionConfig, global_function
 from flowc.runtime.session import clear_default_session
+from flow import deprecated, linalg, sbp
+from flow.math import in_top_k, unsorted_batch_segment_sum, unsorted_segment_sum, unsorted_segment_sum_like
+from flow.more_ops import argsort, device_prior_placement, dtypes, name_scope, range, smooth_l1_loss, sort
 
 float = float32        # noqa: A001 - OneFlow's name
 double = float64
@@ -77,6 +80,10 @@ __all__ = [
     "compile_cache_stats", "fixed_placement", "FixedTensorDef", "MirroredTensorDef", "MirroredTensorListDef",
     # watching values and gradients
     "watch", "watch_diff",
+    # more of OneFlow 0.3's names (flow/more_ops.py, flow/linalg.py, flow/sbp.py, flow/deprecated.py)
+    "deprecated", "linalg", "sbp", "in_top_k", "unsorted_batch_segment_sum", "unsorted_segment_sum",
+    "unsorted_segment_sum_like", "argsort", "device_prior_placement", "dtypes", "name_scope", "range",
+    "smooth_l1_loss", "sort",
 ]
 
 __version__ = "0.1.0"

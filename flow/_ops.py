@@ -100,3 +100,16 @@ def from_nchw(y: Blob, data_format: str, api: str) -> Blob:
     if data_format in ("NHWC", "channels_last"):
         return emit("transpose", [y], {"perm": (0, 2, 3, 1)}, api=api)
     return y
+
+
+def iota(n: int, dtype: str, api: str) -> Blob:
+    """The constant [0, 1, ..., n-1] of `dtype`, built from constants by doubling (log2(n) concats and
+    one slice; the compiler folds it): there is no range op to lower."""
+    out = emit("constant", [], {"value": 0, "shape": (1,), "dtype": dtype}, api=api)
+    size = 1
+    while size < n:
+        out = emit("concat", [out, out + size], {"axis": 0}, api=api)
+        size *= 2
+    if size != n:
+        out = emit("strided_slice", [out], {"start": (0,), "step": (1,), "shape": (n,)}, api=api)
+    return out

@@ -15,7 +15,7 @@ from flowc.compiler.distribute import Auto, Broadcast, Distribute, PartialSum, S
 from flow import scope as _scope
 
 __all__ = ["Distribute", "split", "broadcast", "auto", "partical_sum", "assert_is_valid_distribute",
-           "mirrored_strategy", "consistent_strategy"]
+           "mirrored_strategy", "consistent_strategy", "consistent_strategy_enabled", "mirrored_strategy_enabled"]
 
 
 def split(axis: int) -> Split:
@@ -77,3 +77,23 @@ def consistent_strategy():
     """Deprecated name of `flow.scope.consistent_view()`."""
     _deprecated("consistent_strategy", "consistent_view")
     return _scope.consistent_view()
+
+
+def consistent_strategy_enabled() -> bool:
+    """Deprecated name of `flow.scope.consistent_view_enabled()`.
+
+    Example:
+        flow.distribute.consistent_strategy_enabled()   # True outside a mirrored job
+    """
+    _deprecated("consistent_strategy_enabled", "consistent_view_enabled")
+    return _scope.consistent_view_enabled()
+
+
+def mirrored_strategy_enabled() -> bool:
+    """Deprecated name of `flow.scope.mirrored_view_enabled()`.
+
+    Example:
+        flow.distribute.mirrored_strategy_enabled()     # False outside a mirrored job
+    """
+    _deprecated("mirrored_strategy_enabled", "mirrored_view_enabled")
+    return _scope.mirrored_view_enabled()

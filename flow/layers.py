@@ -227,3 +227,35 @@ def conv1d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
     if activation is not None:
         out = activation(out)
     return out
+
+
+def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=None, trainable: bool = True,
+          name: str = "PRelu", model_distribute=None) -> Blob:
+    """`flow.layers.prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=None,
+    trainable=True, name="PRelu")`: x where x > 0, else alpha * x, with a learned `alpha` of shape
+    inputs.shape[1:] (1 along each of `shared_axes`, which count from the batch axis 0) in the variable
+    `<name>-alpha`, zeros unless told.  As in OneFlow the default name is the fixed "PRelu": two
+    unnamed prelu layers share one alpha.  `model_distribute` is accepted (one device holds all of it).
+
+    Example:
+        y = flow.layers.prelu(conv1, shared_axes=[2, 3], name="prelu1")      # one alpha per channel
+    """
+    from flow import indexing
+    api = "flow.layers.prelu"
+    x = check_blob(inputs, api, "inputs")
+    if len(x.shape) < 2:
+        raise TraceError(f"{user_location()}: {api}: inputs must have a batch axis and at least one more, "
+                         f"got shape {list(x.shape)}")
+    if not isinstance(name, str) or not name:
+        raise TraceError(f"{user_location()}: {api}: name must be a non-empty string, got {name!r}")
+    alpha_shape = list(x.shape[1:])
+    for axis in shared_axes or ():
+        if not isinstance(axis, int) or not 1 <= axis < len(x.shape):
+            raise TraceError(f"{user_location()}: {api}: shared_axes must hold axes in [1, {len(x.shape)}), "
+                             f"got {shared_axes!r}")
+        alpha_shape[axis - 1] = 1
+    alpha = get_variable(f"{name}-alpha", shape=tuple(alpha_shape), dtype=x.dtype,
+                         initializer=alpha_initializer or initializers.constant_initializer(0),
+                         regularizer=alpha_regularizer, trainable=trainable)
+    alpha = emit("reshape", [alpha], {"shape": (1,) + tuple(alpha_shape)}, api=api)
+    return indexing.where(x > 0.0, x, x * alpha, name=name)

@@ -363,3 +363,192 @@ def broadcast_to_compatible_with(x, compatible, name: str | None = None) -> Blob
     if shape == tuple(x.shape):
         return x
     return emit("broadcast_to", [x], {"shape": shape}, name=name or "", api=api)
+
+
+# --- issue 14, names: tril, in_top_k, polyval, sigmoid_grad and the segment sums ------------------------
+
+def tril(x, diagonal: int = 0, fill_value=0, name: str | None = None) -> Blob:
+    """`flow.math.tril(x, diagonal=0, fill_value=0)`: the lower triangle of the last two axes of x
+    (element [i, j] kept where j - i <= diagonal), `fill_value` elsewhere.
+
+    Example:
+        causal = flow.math.tril(scores, fill_value=float("-inf"))
+    """
+    from flow._ops import iota
+    api = "flow.math.tril"
+    x = check_blob(x, api, "x")
+    if len(x.shape) < 2:
+        raise TraceError(f"{user_location()}: {api}: x must have at least 2 axes, got shape {list(x.shape)}")
+    rows, cols = x.shape[-2], x.shape[-1]
+    row = emit("reshape", [iota(rows, "int32", api)], {"shape": (rows, 1)}, api=api)
+    col = emit("reshape", [iota(cols, "int32", api)], {"shape": (1, cols)}, api=api)
+    keep = emit("less_equal", [emit("subtract", [col, row], api=api), as_blob(int(diagonal), col, api)], api=api)
+    return emit("where", [keep, x, as_blob(fill_value, x, api)], name=name or "", api=api)
+
+
+def in_top_k(targets, predictions, k: int, name: str | None = None) -> Blob:
+    """`flow.math.in_top_k(targets, predictions, k)`: int8 1 where `predictions[i, targets[i]]` is
+    among the k largest of row i, else 0.  Ties count in (fewer than k values are strictly larger),
+    as in TensorFlow; a target outside [0, classes) fails the step.
+
+    Example:
+        hits = flow.math.in_top_k(labels, logits, k=5)      # (N,) int32, (N, C) -> (N,) int8
+    """
+    api = "flow.math.in_top_k"
+    t, p = check_blob(targets, api, "targets"), check_blob(predictions, api, "predictions")
+    if len(p.shape) != 2 or len(t.shape) != 1 or t.shape[0] != p.shape[0]:
+        raise TraceError(f"{user_location()}: {api}: predictions must be (N, C) and targets (N,), got "
+                         f"{list(p.shape)} and {list(t.shape)}")
+    if t.type.dtype not in ("int32", "int64"):
+        raise TraceError(f"{user_location()}: {api}: targets must be int32 or int64, got {t.type.dtype}")
+    picked = emit("gather", [p, t], {"axis": 1, "batch_dims": 1}, api=api)
+    picked = emit("reshape", [picked], {"shape": (p.shape[0], 1)}, api=api)
+    larger = emit("cast", [emit("greater", [p, picked], api=api)], {"dtype": "int32"}, api=api)
+    count = emit("reduce_sum", [larger], {"axes": (1,), "keepdims": False}, api=api)
+    return emit("less", [count, as_blob(int(k), count, api)], name=name or "", api=api)
+
+
+def polyval(coeffs, x, name: str | None = None) -> Blob:
+    """`flow.math.polyval(coeffs, x)`: coeffs[0] * x^(n-1) + ... + coeffs[n-1] (Horner's rule), with
+    `coeffs` a list of Python numbers, as np.polyval.  No coefficients: zeros like x.
+
+    Example:
+        y = flow.math.polyval([1.0, 0.0, -2.0], x)      # x^2 - 2
+    """
+    api = "flow.math.polyval"
+    x = check_blob(x, api, "x")
+    if not isinstance(coeffs, (list, tuple)):
+        raise TraceError(f"{user_location()}: {api}: coeffs must be a list or tuple of numbers, got "
+                         f"{type(coeffs).__name__}")
+    if not coeffs:
+        return emit("constant", [], {"value": 0, "shape": x.shape, "dtype": x.type.dtype}, name=name or "", api=api)
+    first = float(coeffs[0]) if x.type.dtype.startswith("float") else coeffs[0]
+    result = emit("constant", [], {"value": first, "shape": x.shape, "dtype": x.type.dtype}, api=api)
+    for k, c in enumerate(coeffs[1:], start=2):
+        result = emit("add", [emit("multiply", [result, x], api=api), as_blob(c, x, api)],
+                      name=(name or "") if k == len(coeffs) else "", api=api)
+    return result
+
+
+def sigmoid_grad(y, dy, name: str | None = None) -> Blob:
+    """`flow.math.sigmoid_grad(y, dy)`: dy * y * (1 - y), the gradient of sigmoid given its output y.
+
+    Example:
+        dx = flow.math.sigmoid_grad(flow.math.sigmoid(x), dy)
+    """
+    api = "flow.math.sigmoid_grad"
+    y, dy = check_blob(y, api, "y"), check_blob(dy, api, "dy")
+    slope = emit("multiply", [y, emit("subtract", [as_blob(1.0, y, api), y], api=api)], api=api)
+    return emit("multiply", [dy, slope], name=name or "", api=api)
+
+
+def _float_data(data: Blob, api: str) -> None:
+    if data.type.dtype not in ("float32", "float64"):
+        raise TraceError(f"{user_location()}: {api}: data must be float32 or float64 (the sum is a matrix "
+                         f"product), got {data.type.dtype}")
+
+
+def _segment_ids(data: Blob, segment_ids, axis: int, api: str) -> tuple[Blob, int]:
+    _float_data(data, api)
+    ids = check_blob(segment_ids, api, "segment_ids")
+    if ids.type.dtype not in ("int32", "int64"):
+        raise TraceError(f"{user_location()}: {api}: segment_ids must be int32 or int64, got {ids.type.dtype}")
+    rank = len(data.shape)
+    if not -rank <= axis < rank:
+        raise TraceError(f"{user_location()}: {api}: axis {axis} is out of range for data of shape "
+                         f"{list(data.shape)}")
+    axis %= rank
+    if tuple(data.shape[axis:axis + len(ids.shape)]) != tuple(ids.shape):
+        raise TraceError(f"{user_location()}: {api}: segment_ids {list(ids.shape)} must match data "
+                         f"{list(data.shape)} from axis {axis} on")
+    return ids, axis
+
+
+def unsorted_segment_sum(data, segment_ids, num_segments: int, axis: int = 0, name: str | None = None) -> Blob:
+    """`flow.math.unsorted_segment_sum(data, segment_ids, num_segments, axis=0)`: out[..., s, ...] is the
+    sum of the slices of `data` whose segment id is s; `segment_ids` covers data's axes from `axis` on
+    (its shape is data.shape[axis:axis + ids.rank]), and those axes become one of size `num_segments`.
+    An id outside [0, num_segments) is dropped, as in TensorFlow.  Differentiable in `data`, which must
+    be float32 or float64.
+
+    Computed as a one-hot matrix product (num_segments x segments of work), which keeps gradients and
+    every backend for free.
+
+    Example:
+        sums = flow.math.unsorted_segment_sum(values, ids, num_segments=4)    # (6, 3), (6,) -> (4, 3)
+    """
+    from flow.indexing import one_hot
+    api = "flow.math.unsorted_segment_sum"
+    x = check_blob(data, api, "data")
+    ids, axis = _segment_ids(x, segment_ids, int(axis), api)
+    n_seg = int(num_segments)
+    if n_seg <= 0:
+        raise TraceError(f"{user_location()}: {api}: num_segments must be positive, got {num_segments!r}")
+    pre, seg, post = x.shape[:axis], x.shape[axis:axis + len(ids.shape)], x.shape[axis + len(ids.shape):]
+    p, n, q = _count(pre), _count(seg), _count(post)
+    moved = emit("reshape", [x], {"shape": (p, n, q)}, api=api)
+    moved = emit("transpose", [moved], {"perm": (1, 0, 2)}, api=api)
+    moved = emit("reshape", [moved], {"shape": (n, p * q)}, api=api)
+    flat_ids = emit("reshape", [ids], {"shape": (n,)}, api=api)
+    onehot = one_hot(flat_ids, n_seg, dtype=x.type.dtype)                       # (n, segments)
+    sums = emit("matmul", [onehot, moved], {"transpose_a": True, "transpose_b": False}, api=api)
+    sums = emit("reshape", [sums], {"shape": (n_seg, p, q)}, api=api)
+    sums = emit("transpose", [sums], {"perm": (1, 0, 2)}, api=api)
+    return emit("reshape", [sums], {"shape": tuple(pre) + (n_seg,) + tuple(post)}, name=name or "", api=api)
+
+
+def _count(dims) -> int:
+    total = 1
+    for d in dims:
+        total *= d
+    return total
+
+
+def unsorted_segment_sum_like(data, segment_ids, like, axis: int = 0, name: str | None = None) -> Blob:
+    """`flow.math.unsorted_segment_sum_like(data, segment_ids, like, axis=0)`: `unsorted_segment_sum` with
+    num_segments = like.shape[axis] (the result has like's shape).
+
+    Example:
+        grads = flow.math.unsorted_segment_sum_like(rows, ids, like=embedding)
+    """
+    api = "flow.math.unsorted_segment_sum_like"
+    lk = check_blob(like, api, "like")
+    x = check_blob(data, api, "data")
+    ids = check_blob(segment_ids, api, "segment_ids")
+    rank = len(x.shape)
+    ax = int(axis) % rank if -rank <= int(axis) < rank else int(axis)
+    if not 0 <= ax < len(lk.shape):
+        raise TraceError(f"{user_location()}: {api}: axis {axis} is out of range for like {list(lk.shape)}")
+    out = unsorted_segment_sum(x, ids, lk.shape[ax], ax, name)
+    if out.shape != lk.shape:
+        raise TraceError(f"{user_location()}: {api}: the result {list(out.shape)} does not have like's shape "
+                         f"{list(lk.shape)}")
+    return out
+
+
+def unsorted_batch_segment_sum(data, segment_ids, num_segments: int, name: str | None = None) -> Blob:
+    """`flow.math.unsorted_batch_segment_sum(data, segment_ids, num_segments)`: per batch row b,
+    out[b, s, ...] sums data[b, i, ...] over the i with segment_ids[b, i] == s; `segment_ids` is
+    (batch, n) and data (batch, n, ...).  Ids outside [0, num_segments) are dropped.
+
+    Example:
+        sums = flow.math.unsorted_batch_segment_sum(values, ids, num_segments=3)   # (2, 5, 4) -> (2, 3, 4)
+    """
+    from flow.indexing import one_hot
+    api = "flow.math.unsorted_batch_segment_sum"
+    x = check_blob(data, api, "data")
+    _float_data(x, api)
+    ids = check_blob(segment_ids, api, "segment_ids")
+    if ids.type.dtype not in ("int32", "int64"):
+        raise TraceError(f"{user_location()}: {api}: segment_ids must be int32 or int64, got {ids.type.dtype}")
+    if len(ids.shape) != 2 or len(x.shape) < 2 or tuple(x.shape[:2]) != tuple(ids.shape):
+        raise TraceError(f"{user_location()}: {api}: segment_ids must be (batch, n) and data (batch, n, ...), "
+                         f"got {list(ids.shape)} and {list(x.shape)}")
+    n_seg = int(num_segments)
+    if n_seg <= 0:
+        raise TraceError(f"{user_location()}: {api}: num_segments must be positive, got {num_segments!r}")
+    b, n, post = x.shape[0], x.shape[1], x.shape[2:]
+    flat = emit("reshape", [x], {"shape": (b, n, _count(post))}, api=api)
+    onehot = one_hot(ids, n_seg, dtype=x.type.dtype)                          # (b, n, segments)
+    sums = emit("matmul", [onehot, flat], {"transpose_a": True, "transpose_b": False}, api=api)
+    return emit("reshape", [sums], {"shape": (b, n_seg) + tuple(post)}, name=name or "", api=api)

@@ -565,3 +565,300 @@ def conv1d(input, filters, strides, padding, data_format: str = "NCW", dilations
     y = conv2d(x4, w4, (1, s), pads2d, "NCHW", (1, d), groups, name)
     y = emit("reshape", [y], {"shape": (y.shape[0], y.shape[1], y.shape[3])}, api=api)
     return emit("transpose", [y], {"perm": (0, 2, 1)}, api=api) if data_format == "NWC" else y
+
+
+# --- more activations and OneFlow 0.3's class-like losses (issue 14, names) -------------------------------
+# Each is composed of existing ops, so CPU, CUDA and gradients come with them.
+
+def _act_input(x, api: str) -> Blob:
+    return check_blob(x, api, "x")
+
+
+def elu(x, alpha: float = 1.0, name: str | None = None) -> Blob:
+    """`flow.nn.elu(x, alpha=1.0)`: x where x > 0, else alpha * (exp(x) - 1).
+
+    Example:
+        y = flow.nn.elu(x, alpha=1.0)
+    """
+    from flow import indexing, math
+    x = _act_input(x, "flow.nn.elu")
+    # expm1 of min(x, 0): the unused branch never overflows, so its (masked) gradient is never inf * 0
+    negative_part = math.expm1(math.minimum(x, 0.0)) * float(alpha)
+    return indexing.where(x > 0.0, x, negative_part, name=name)
+
+
+def hardsigmoid(x, name: str | None = None) -> Blob:
+    """`flow.nn.hardsigmoid(x)`: 0 for x <= -3, 1 for x >= 3, x / 6 + 1/2 between.
+
+    Example:
+        gate = flow.nn.hardsigmoid(x)
+    """
+    from flow import math
+    x = _act_input(x, "flow.nn.hardsigmoid")
+    return math.clip_by_value(x * (1.0 / 6.0) + 0.5, 0.0, 1.0, name=name)
+
+
+def hardswish(x, name: str | None = None) -> Blob:
+    """`flow.nn.hardswish(x)`: 0 for x <= -3, x for x >= 3, x * (x + 3) / 6 between.
+
+    Example:
+        y = flow.nn.hardswish(x)
+    """
+    from flow import math
+    x = _act_input(x, "flow.nn.hardswish")
+    return math.multiply(x, math.clip_by_value(x + 3.0, 0.0, 6.0) * (1.0 / 6.0), name=name)
+
+
+def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0, name: str | None = None) -> Blob:
+    """`flow.nn.hardtanh(x, min_val=-1.0, max_val=1.0)`: x clipped to [min_val, max_val].
+
+    Example:
+        y = flow.nn.hardtanh(x, min_val=-2.0, max_val=2.0)
+    """
+    from flow import math
+    x = _act_input(x, "flow.nn.hardtanh")
+    if not float(min_val) < float(max_val):
+        raise TraceError(f"{user_location()}: flow.nn.hardtanh: min_val ({min_val}) must be less than "
+                         f"max_val ({max_val})")
+    return math.clip_by_value(x, float(min_val), float(max_val), name=name)
+
+
+def relu6(x, name: str | None = None) -> Blob:
+    """`flow.nn.relu6(x)`: min(max(x, 0), 6).
+
+    Example:
+        y = flow.nn.relu6(x)
+    """
+    from flow import math
+    return math.clip_by_value(_act_input(x, "flow.nn.relu6"), 0.0, 6.0, name=name)
+
+
+def mish(x, name: str | None = None) -> Blob:
+    """`flow.nn.mish(x)`: x * tanh(softplus(x)).
+
+    Example:
+        y = flow.nn.mish(x)
+    """
+    from flow import math
+    x = _act_input(x, "flow.nn.mish")
+    return math.multiply(x, math.tanh(math.softplus(x)), name=name)
+
+
+def swish(x, beta: float = 1.0, name: str | None = None) -> Blob:
+    """`flow.nn.swish(x, beta=1.0)`: x * sigmoid(beta * x).
+
+    Example:
+        y = flow.nn.swish(x, beta=1.0)
+    """
+    from flow import math
+    x = _act_input(x, "flow.nn.swish")
+    return math.multiply(x, math.sigmoid(x * float(beta)), name=name)
+
+
+def logsoftmax(logits, axis: int | None = None, name: str | None = None) -> Blob:
+    """`flow.nn.logsoftmax(logits, axis=None)`: log(softmax(logits)) along `axis` (the last one for None),
+    computed as x - max - log(sum(exp(x - max))), so it neither overflows nor underflows.
+
+    Example:
+        log_probs = flow.nn.logsoftmax(logits)
+    """
+    from flow import math
+    x = check_blob(logits, "flow.nn.logsoftmax", "logits")
+    ax = -1 if axis is None else axis
+    _axes(x, ax, "flow.nn.logsoftmax")
+    return math.subtract(x, math.reduce_logsumexp(x, axis=ax, keepdims=True), name=name)
+
+
+def softmax_grad(y, dy, axis: int | None = None, name: str | None = None) -> Blob:
+    """`flow.nn.softmax_grad(y, dy, axis=None)`: the gradient of softmax given its output y:
+    y * (dy - sum(dy * y)) along `axis` (the last one for None).
+
+    Example:
+        dx = flow.nn.softmax_grad(flow.nn.softmax(x), dy)
+    """
+    from flow import math
+    api = "flow.nn.softmax_grad"
+    y, dy = check_blob(y, api, "y"), check_blob(dy, api, "dy")
+    ax = -1 if axis is None else axis
+    _axes(y, ax, api)
+    inner = math.reduce_sum(dy * y, axis=ax, keepdims=True)
+    return math.multiply(y, dy - inner, name=name)
+
+
+def tril(x, diagonal: int = 0, fill_value=0, name: str | None = None) -> Blob:
+    """`flow.nn.tril(x, diagonal=0, fill_value=0)`, the same as `flow.math.tril`.
+
+    Example:
+        lower = flow.nn.tril(scores, fill_value=float("-inf"))
+    """
+    from flow.math import tril as math_tril
+    return math_tril(x, diagonal, fill_value, name)
+
+
+def _reduce_loss(loss: Blob, reduction: str, api: str, name: str | None) -> Blob:
+    from flow import math
+    if reduction == "mean":
+        return math.reduce_mean(loss, name=name)
+    if reduction == "sum":
+        return math.reduce_sum(loss, name=name)
+    if reduction == "none":
+        return loss
+    raise TraceError(f"{user_location()}: {api}: reduction must be \"none\", \"mean\" or \"sum\", got {reduction!r}")
+
+
+def _loss_pair(input, target, api: str, first: str = "input", second: str = "target") -> tuple[Blob, Blob]:
+    x, t = check_blob(input, api, first), check_blob(target, api, second)
+    if x.shape != t.shape:
+        raise TraceError(f"{user_location()}: {api}: {first} {list(x.shape)} and {second} {list(t.shape)} "
+                         f"must have one shape")
+    return x, t
+
+
+def _check_reduction(reduction: str, api: str) -> None:
+    if reduction not in ("none", "mean", "sum"):
+        raise TraceError(f"{user_location()}: {api}: reduction must be \"none\", \"mean\" or \"sum\", "
+                         f"got {reduction!r}")
+
+
+def L1Loss(input, target, reduction: str = "mean", name: str | None = None) -> Blob:  # noqa: N802,A002
+    """`flow.nn.L1Loss(input, target, reduction="mean")`: |target - input|, then its mean, sum ("sum")
+    or nothing ("none").
+
+    Example:
+        loss = flow.nn.L1Loss(prediction, target, reduction="sum")
+    """
+    from flow import math
+    api = "flow.nn.L1Loss"
+    _check_reduction(reduction, api)
+    x, t = _loss_pair(input, target, api)
+    return _reduce_loss(math.abs(t - x), reduction, api, name)
+
+
+def MSELoss(input, target, reduction: str = "mean", name: str | None = None) -> Blob:  # noqa: N802,A002
+    """`flow.nn.MSELoss(input, target, reduction="mean")`: (input - target)^2, then its mean, sum or nothing.
+
+    Example:
+        loss = flow.nn.MSELoss(prediction, target)
+    """
+    from flow import math
+    api = "flow.nn.MSELoss"
+    _check_reduction(reduction, api)
+    x, t = _loss_pair(input, target, api)
+    return _reduce_loss(math.squared_difference(x, t), reduction, api, name)
+
+
+def BCELoss(input, target, weight=None, reduction: str = "mean", name: str | None = None) -> Blob:  # noqa: N802,A002
+    """`flow.nn.BCELoss(input, target, weight=None, reduction="mean")`:
+    -weight * (target * log(input) + (1 - target) * log(1 - input)) for probabilities `input`,
+    then its mean, sum or nothing.  As in OneFlow 0.3, log(0) is not clamped: an input of exactly 0
+    or 1 on the wrong side gives inf.
+
+    Example:
+        loss = flow.nn.BCELoss(flow.math.sigmoid(logits), labels)
+    """
+    from flow import math
+    api = "flow.nn.BCELoss"
+    _check_reduction(reduction, api)
+    x, t = _loss_pair(input, target, api)
+    loss = math.negative(t * math.log(x) + (1.0 - t) * math.log(1.0 - x))
+    if weight is not None:
+        loss = loss * check_blob(weight, api, "weight")
+    return _reduce_loss(loss, reduction, api, name)
+
+
+def BCEWithLogitsLoss(input, target, weight=None, pos_weight=None, reduction: str = "mean",  # noqa: N802,A002
+                      name: str | None = None) -> Blob:
+    """`flow.nn.BCEWithLogitsLoss(input, target, weight=None, pos_weight=None, reduction="mean")`:
+    BCELoss of sigmoid(input), computed stably as
+    weight * ((1 - target) * input + (1 + (pos_weight - 1) * target) * softplus(-input)),
+    then its mean, sum or nothing.  `pos_weight` weighs the positive term (broadcast along the last axis).
+
+    Example:
+        loss = flow.nn.BCEWithLogitsLoss(logits, labels, pos_weight=pw)
+    """
+    from flow import math
+    api = "flow.nn.BCEWithLogitsLoss"
+    _check_reduction(reduction, api)
+    x, t = _loss_pair(input, target, api)
+    log_weight = 1.0
+    if pos_weight is not None:
+        log_weight = (check_blob(pos_weight, api, "pos_weight") - 1.0) * t + 1.0
+    loss = (1.0 - t) * x + math.softplus(math.negative(x)) * log_weight
+    if weight is not None:
+        loss = loss * check_blob(weight, api, "weight")
+    return _reduce_loss(loss, reduction, api, name)
+
+
+def KLDivLoss(input, target, log_target: bool = False, reduction: str = "mean",  # noqa: N802,A002
+              name: str | None = None) -> Blob:
+    """`flow.nn.KLDivLoss(input, target, log_target=False, reduction="mean")`: the pointwise
+    Kullback-Leibler divergence of log-probabilities `input` from `target`:
+    target * (log(target) - input), 0 where target <= 0; with log_target, exp(target) * (target - input).
+    Then its mean over every element ("mean", as OneFlow 0.3: not a mean over the batch), sum or nothing.
+
+    Example:
+        loss = flow.nn.KLDivLoss(flow.nn.logsoftmax(logits), soft_targets, reduction="sum")
+    """
+    from flow import indexing, math
+    api = "flow.nn.KLDivLoss"
+    _check_reduction(reduction, api)
+    x, t = _loss_pair(input, target, api)
+    if log_target:
+        loss = math.exp(t) * (t - x)
+    else:
+        positive = t > 0.0
+        safe_t = indexing.where(positive, t, 1.0)        # log of a positive number, in both branches
+        loss = indexing.where(positive, t * (math.log(safe_t) - x), 0.0)
+    return _reduce_loss(loss, reduction, api, name)
+
+
+def MarginRankingLoss(input1, input2, target, margin: float = 0.0, reduction: str = "mean",  # noqa: N802
+                      name: str | None = None) -> Blob:
+    """`flow.nn.MarginRankingLoss(input1, input2, target, margin=0.0, reduction="mean")`:
+    max(0, -target * (input1 - input2) + margin), target being 1 or -1; then its mean, sum or nothing.
+
+    Example:
+        loss = flow.nn.MarginRankingLoss(score_a, score_b, order, margin=0.1)
+    """
+    from flow import math
+    api = "flow.nn.MarginRankingLoss"
+    _check_reduction(reduction, api)
+    a, b = _loss_pair(input1, input2, api, "input1", "input2")
+    t = check_blob(target, api, "target")
+    return _reduce_loss(math.relu(math.negative(t) * (a - b) + float(margin)), reduction, api, name)
+
+
+def _p_norm(x: Blob, p: float) -> Blob:
+    from flow import math
+    if p == 2.0:
+        return math.sqrt(math.reduce_sum(math.square(x), axis=-1))
+    if p == 1.0:
+        return math.reduce_sum(math.abs(x), axis=-1)
+    return math.pow(math.reduce_sum(math.pow(math.abs(x), p), axis=-1), 1.0 / p)
+
+
+def TripletMarginLoss(anchor, positive, negative, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6,  # noqa: N802
+                      swap: bool = False, reduction: str = "mean", name: str | None = None) -> Blob:
+    """`flow.nn.TripletMarginLoss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False,
+    reduction="mean")`: max(d(anchor, positive) - d(anchor, negative) + margin, 0) per row, with
+    d(a, b) the p-norm of a - b + eps over the last axis; `swap` uses min(d(a, n), d(p, n)) as the
+    negative distance.  Then its mean, sum or nothing.
+
+    Example:
+        loss = flow.nn.TripletMarginLoss(a, pos, neg, margin=0.5)
+    """
+    from flow import math
+    api = "flow.nn.TripletMarginLoss"
+    _check_reduction(reduction, api)
+    a, pos = _loss_pair(anchor, positive, api, "anchor", "positive")
+    _, neg = _loss_pair(anchor, negative, api, "anchor", "negative")
+    if not a.shape:
+        raise TraceError(f"{user_location()}: {api}: anchor must have at least one axis")
+    if float(p) <= 0:
+        raise TraceError(f"{user_location()}: {api}: p must be positive, got {p}")
+    p, eps = float(p), float(eps)
+    d_pos = _p_norm(a - pos + eps, p)
+    d_neg = _p_norm(a - neg + eps, p)
+    if swap:
+        d_neg = math.minimum(d_neg, _p_norm(pos - neg + eps, p))
+    return _reduce_loss(math.relu(d_pos - d_neg + float(margin)), reduction, api, name)

@@ -87,3 +87,23 @@ def _pushed(stack: list[str], name: str) -> Iterator[None]:
         yield
     finally:
         stack.pop()
+
+
+def consistent_view_enabled() -> bool:
+    """`flow.scope.consistent_view_enabled()`: see flow/more_ops.py.
+
+    Example:
+        flow.scope.consistent_view_enabled()     # True outside a mirrored job
+    """
+    from flow.more_ops import consistent_view_enabled as enabled
+    return enabled()
+
+
+def mirrored_view_enabled() -> bool:
+    """`flow.scope.mirrored_view_enabled()`: see flow/more_ops.py.
+
+    Example:
+        flow.scope.mirrored_view_enabled()       # False outside a mirrored job
+    """
+    from flow.more_ops import mirrored_view_enabled as enabled
+    return enabled()

@@ -93,7 +93,7 @@ UNSUPPORTED: dict[str, str] = {
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
         "elem_cnt")},
     "env.current_resource": _INTERNAL,
-    **{f"random.{name}": _RANDOM_OPS for name in ("bernoulli", "coin_flip", "CoinFlip", "shuffle",
+    **{f"random.{name}": _RANDOM_OPS for name in ("bernoulli", "coin_flip", "CoinFlip", "shuffle", "gen_seed",
                                                   "generate_random_batch_permutation_indices")},
     **{f"sysconfig.{name}": _NO_LIBRARY for name in (
         "get_compile_flags", "get_include", "get_lib", "get_link_flags", "has_rpc_backend_grpc",
@@ -134,8 +134,7 @@ def stubs(namespace: str) -> dict[str, Callable[..., NoReturn]]:
 
 
 # Namespaces of OneFlow that hold only unsupported names: flow/__init__.py makes each a module of stubs.
-UNSUPPORTED_NAMESPACES = ("detection", "onerec", "summary", "sysconfig", "unittest", "unittest.env", "deprecated",
-                          "placement")
+UNSUPPORTED_NAMESPACES = ("detection", "onerec", "summary", "sysconfig", "unittest", "unittest.env", "placement")
 
 
 def namespace_module(namespace: str, package: str = "flow"):

@@ -7,7 +7,6 @@ import flow
 import flow.config as config_module
 import flow.typing as tp
 from flow import unsupported
-from flowc.compiler.errors import TraceError
 
 
 def resolve(qualified: str):

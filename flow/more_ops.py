@@ -1,0 +1,201 @@
+"""OneFlow 0.3 names composed of other ops: `flow.sort`, `flow.argsort`, `flow.range`,
+`flow.smooth_l1_loss`, `flow.dtypes`, and the deprecated scope names (`flow.name_scope`,
+`flow.device_prior_placement`, `flow.scope.consistent_view_enabled`, ...).
+
+Example:
+    ascending = flow.sort(x)                            # along the last axis
+    order = flow.argsort(x, direction="DESCENDING")
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from flowc.compiler import dtypes as _dtypes
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import dtype_name
+from flowc.compiler.trace import Blob, emit, user_location
+from flow._ops import along_last_axis, check_blob, iota
+
+
+def _direction(direction: str, api: str) -> bool:
+    if direction not in ("ASCENDING", "DESCENDING"):
+        raise TraceError(f"{user_location()}: {api}: direction must be \"ASCENDING\" or \"DESCENDING\", "
+                         f"got {direction!r}")
+    return direction == "DESCENDING"
+
+
+def _order_last(x: Blob, descending: bool, api: str) -> Blob:
+    """int32 indices sorting x's last axis; equal values keep their order (top_k puts the lower
+    index first among ties)."""
+    keys = x if descending else emit("negative", [x], api=api)
+    return emit("top_k", [keys], {"k": x.shape[-1]}, api=api)
+
+
+def argsort(input, axis: int = -1, direction: str = "ASCENDING", name: str | None = None) -> Blob:  # noqa: A002
+    """`flow.argsort(input, axis=-1, direction="ASCENDING")`: int32 indices that sort `input` along
+    `axis`; stable (equal values keep their order).  NaN counts as the largest when DESCENDING and,
+    unlike np.argsort, as the smallest when ASCENDING (the sort is a top-k of -input).
+
+    Example:
+        order = flow.argsort(scores, direction="DESCENDING")
+    """
+    api = "flow.argsort"
+    x = check_blob(input, api, "input")
+    descending = _direction(direction, api)
+    if not x.shape:
+        raise TraceError(f"{user_location()}: {api}: input must have at least one axis")
+    return along_last_axis(x, axis, api, lambda v: _order_last(v, descending, api))
+
+
+def sort(input, axis: int = -1, direction: str = "ASCENDING", name: str | None = None) -> Blob:  # noqa: A002
+    """`flow.sort(input, axis=-1, direction="ASCENDING")`: `input` sorted along `axis` (a gather by
+    `flow.argsort`, so the gradient flows back to the elements' places).
+
+    Example:
+        ranked = flow.sort(scores, direction="DESCENDING")
+    """
+    api = "flow.sort"
+    x = check_blob(input, api, "input")
+    descending = _direction(direction, api)
+    if not x.shape:
+        raise TraceError(f"{user_location()}: {api}: input must have at least one axis")
+
+    def sorted_last(v: Blob) -> Blob:
+        order = _order_last(v, descending, api)
+        rank = len(v.shape)
+        return emit("gather", [v, order], {"axis": rank - 1, "batch_dims": rank - 1}, name=name or "", api=api)
+    return along_last_axis(x, axis, api, sorted_last)
+
+
+def range(start, limit=None, delta=1, dtype=None, name: str = "range") -> Blob:  # noqa: A001 - OneFlow's name
+    """`flow.range(start, limit=None, delta=1, dtype=None)`: the constant [start, start + delta, ...)
+    up to `limit` (exclusive), as np.arange; `flow.range(n)` is [0, n).  The dtype is int64 unless
+    told (OneFlow's default).
+
+    Example:
+        positions = flow.range(0, 16, dtype=flow.int32)
+    """
+    import math
+    api = "flow.range"
+    if limit is None:
+        start, limit = 0, start
+    try:
+        start, limit, delta = (float(v) if isinstance(v, float) else int(v) for v in (start, limit, delta))
+    except (TypeError, ValueError):
+        raise TraceError(f"{user_location()}: {api}: start, limit and delta must be numbers") from None
+    if delta == 0:
+        raise TraceError(f"{user_location()}: {api}: delta must not be 0")
+    out_dtype = "int64" if dtype is None else dtype_name(dtype)
+    n = max(int(math.ceil((limit - start) / delta)), 0)
+    if n == 0:
+        raise TraceError(f"{user_location()}: {api}: range({start}, {limit}, {delta}) is empty")
+    index = iota(n, out_dtype if out_dtype in ("float32", "float64", "int64") else "int64", api)
+    values = index * delta + start if (delta != 1 or start != 0) else index
+    if values.type.dtype != out_dtype:
+        values = emit("cast", [values], {"dtype": out_dtype}, api=api)
+    return emit("reshape", [values], {"shape": (n,)}, name=name or "", api=api)
+
+
+def smooth_l1_loss(prediction, label, beta: float = 1.0, name: str | None = None) -> Blob:
+    """`flow.smooth_l1_loss(prediction, label, beta=1.0)`: elementwise, with d = |prediction - label|,
+    0.5 * d^2 / beta where d < beta, else d - 0.5 * beta (beta = 0: d).  No reduction, as in OneFlow.
+
+    Example:
+        loss = flow.smooth_l1_loss(boxes, target_boxes)      # OneFlow's example: [0.02, 0.125, 1.7, 0.005, 0.18]
+    """
+    from flow import indexing, math
+    api = "flow.smooth_l1_loss"
+    p, t = check_blob(prediction, api, "prediction"), check_blob(label, api, "label")
+    if p.shape != t.shape:
+        raise TraceError(f"{user_location()}: {api}: prediction {list(p.shape)} and label {list(t.shape)} "
+                         f"must have one shape")
+    beta = float(beta)
+    if beta < 0:
+        raise TraceError(f"{user_location()}: {api}: beta must be >= 0, got {beta}")
+    d = math.abs(p - t)
+    if beta == 0:
+        return math.multiply(d, 1.0, name=name)
+    return indexing.where(d < beta, math.square(d) * (0.5 / beta), d - 0.5 * beta, name=name)
+
+
+def dtypes() -> list:
+    """`flow.dtypes()`: every data type object flowc knows (`flow.float32`, `flow.int8`, ...).
+
+    Example:
+        flow.float16 in flow.dtypes()     # True
+    """
+    return [_dtypes.char, _dtypes.float16, _dtypes.float32, _dtypes.float64, _dtypes.int8, _dtypes.int32,
+            _dtypes.int64, _dtypes.uint8]
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"flow.{old} is deprecated; use flow.{new}", DeprecationWarning, stacklevel=3)
+
+
+def name_scope(*args: Any, **kwargs: Any):
+    """Deprecated name of `flow.scope.namespace`.
+
+    Example:
+        with flow.name_scope("encoder"):
+            w = flow.get_variable("w", shape=(4, 4))      # "encoder-w"
+    """
+    from flow import scope
+    _deprecated("name_scope", "scope.namespace")
+    return scope.namespace(*args, **kwargs)
+
+
+def variable_scope(*args: Any, **kwargs: Any):
+    """`flow.deprecated.variable_scope`: deprecated name of `flow.scope.namespace`.
+
+    Example:
+        with flow.deprecated.variable_scope("encoder"):
+            w = flow.get_variable("w", shape=(4, 4))      # "encoder-w"
+    """
+    from flow import scope
+    _deprecated("deprecated.variable_scope", "scope.namespace")
+    return scope.namespace(*args, **kwargs)
+
+
+def device_prior_placement(device_tag, machine_device_ids):
+    """Deprecated name of `flow.scope.placement`.
+
+    Example:
+        with flow.device_prior_placement("cpu", "0:0"):
+            y = x * 2
+    """
+    from flow import scope
+    _deprecated("device_prior_placement", "scope.placement")
+    return scope.placement(device_tag, machine_device_ids)
+
+
+__all__ = ["argsort", "sort", "range", "smooth_l1_loss", "dtypes", "name_scope", "variable_scope",
+           "device_prior_placement"]
+
+
+def _logical_view() -> str:
+    from flowc.compiler.trace import _current
+    return _current[-1].logical_view if _current else "consistent"
+
+
+def consistent_view_enabled() -> bool:
+    """`flow.scope.consistent_view_enabled()`: True unless the job being traced has
+    `function_config().default_logical_view(flow.scope.mirrored_view())` (outside a job: True).
+
+    Example:
+        if flow.scope.consistent_view_enabled():
+            x = flow.identity(x)
+    """
+    return _logical_view() == "consistent"
+
+
+def mirrored_view_enabled() -> bool:
+    """`flow.scope.mirrored_view_enabled()`: True where the job being traced has the mirrored logical
+    view (`function_config().default_logical_view(flow.scope.mirrored_view())`).
+
+    Example:
+        if flow.scope.mirrored_view_enabled():
+            ...
+    """
+    return _logical_view() == "mirrored"
+
