@@ -53,7 +53,7 @@ __all__ = [
     # submodules
     "checkpoint", "config", "data", "distribute", "env", "image", "layers", "losses", "math", "nn", "optimizer",
     "nvtx", "profiler", "regularizers", "scope", "system", "train", "typing", "dtype",
-    "amp_white_identity", "cast_to_static_shape", "current_machine_id", "broadcast_to_compatible_with",
+    "amp_white_identity", "cast_to_static_shape", "copy", "current_machine_id", "broadcast_to_compatible_with",
     # data types
     "float", "double", "float16", "half", "float32", "float64", "char", "int8", "int32", "int64", "uint8",
     "convert_oneflow_dtype_to_numpy_dtype",
@@ -166,6 +166,15 @@ def cast_to_static_shape(x, name: str | None = None) -> Blob:
 
     Example:
         y = flow.cast_to_static_shape(x)
+    """
+    return identity(x, name)
+
+
+def copy(x, name: str | None = None) -> Blob:
+    """`flow.copy(x)`: a copy of `x` (flowc's values are never aliased by the user, so the copy is `x`).
+
+    Example:
+        y = flow.copy(x)
     """
     return identity(x, name)
 

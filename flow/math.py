@@ -552,3 +552,34 @@ def unsorted_batch_segment_sum(data, segment_ids, num_segments: int, name: str |
     onehot = one_hot(ids, n_seg, dtype=x.type.dtype)                          # (b, n, segments)
     sums = emit("matmul", [onehot, flat], {"transpose_a": True, "transpose_b": False}, api=api)
     return emit("reshape", [sums], {"shape": (b, n_seg) + tuple(post)}, name=name or "", api=api)
+
+
+def _ordered(input, strict: bool, api: str, name: str | None) -> Blob:
+    from flow.indexing import slice_v2
+    x = check_blob(input, api, "input")
+    if len(x.shape) != 1:
+        x = emit("reshape", [x], {"shape": (x.type.size,)}, api=api)
+    if x.shape[0] < 2:       # an empty or one-element sequence is ordered
+        return emit("constant", [], {"value": 1, "shape": (), "dtype": "int8"}, name=name or "", api=api)
+    later, earlier = slice_v2(x, [(1, None, None)]), slice_v2(x, [(None, -1, None)])
+    return reduce_all(greater(later, earlier) if strict else greater_equal(later, earlier), name=name)
+
+
+def is_non_decreasing(input, name: str | None = None) -> Blob:  # noqa: A002 - OneFlow's name
+    """`flow.math.is_non_decreasing(input)`: 1 (int8) if every element (in row-major order) is at least the
+    one before it, else 0.
+
+    Example:
+        ok = flow.math.is_non_decreasing(boundaries)
+    """
+    return _ordered(input, False, "flow.math.is_non_decreasing", name)
+
+
+def is_strictly_increasing(input, name: str | None = None) -> Blob:  # noqa: A002 - OneFlow's name
+    """`flow.math.is_strictly_increasing(input)`: 1 (int8) if every element (in row-major order) is greater
+    than the one before it, else 0.
+
+    Example:
+        ok = flow.math.is_strictly_increasing(boundaries)
+    """
+    return _ordered(input, True, "flow.math.is_strictly_increasing", name)

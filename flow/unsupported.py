@@ -91,7 +91,7 @@ UNSUPPORTED: dict[str, str] = {
         "nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d", "nn.PixelShuffle", "nn.PixelShufflev2",
         "nn.random_mask_like", "nn.sparse_cross_entropy", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
-        "elem_cnt")},
+        "elem_cnt", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},
     "env.current_resource": _INTERNAL,
     **{f"random.{name}": _RANDOM_OPS for name in ("bernoulli", "coin_flip", "CoinFlip", "shuffle", "gen_seed",
                                                   "generate_random_batch_permutation_indices")},

@@ -6,6 +6,7 @@ differences, and the compiled C++ against the reference, every case in ONE graph
 from __future__ import annotations
 
 import warnings
+from typing import Tuple
 
 import numpy as np
 import pytest
@@ -353,3 +354,16 @@ def test_view_enabled_reads_the_jobs_logical_view():
     with pytest.warns(DeprecationWarning, match="mirrored_strategy_enabled"):
         assert not flow.distribute.mirrored_strategy_enabled()
     flow.clear_default_session()
+
+
+def test_order_checks_and_copy():
+    @flow.global_function(type="predict")
+    def job(x: tp.Numpy.Placeholder((5,), dtype=flow.float)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        return flow.math.is_non_decreasing(x), flow.math.is_strictly_increasing(x), flow.copy(x) * 2.0
+
+    for values in ([1, 2, 2, 3, 4], [1, 2, 3, 4, 5], [2, 1, 3, 4, 5]):
+        x = np.array(values, np.float32)
+        non_decreasing, increasing, doubled = job(x)
+        assert int(non_decreasing) == int(np.all(np.diff(x) >= 0))
+        assert int(increasing) == int(np.all(np.diff(x) > 0))
+        np.testing.assert_array_equal(doubled, x * 2)
