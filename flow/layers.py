@@ -84,19 +84,11 @@ def conv2d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
     kh, kw = pair(kernel_size, api, "kernel_size")
     name = name or current(api).unique_name("Conv2d")
     shape = (filters, channels // groups, kh, kw) if channels_first else (filters, kh, kw, channels // groups)
-    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
-                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
-                              data_format=data_format),
-                          regularizer=kernel_regularizer, trainable=trainable)
-    out = nn.conv2d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
-    if use_bias:
-        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
-                            initializer=bias_initializer or initializers.constant_initializer(0),
-                            regularizer=bias_regularizer, trainable=trainable)
-        out = nn.bias_add(out, bias, data_format)
-    if activation is not None:
-        out = activation(out)
-    return out
+    return _convolution_layer(x, name, shape, filters, data_format, use_bias, activation,
+                              lambda weight: nn.conv2d(x, weight, strides, padding, data_format, dilation_rate,
+                                                       groups, name),
+                              kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+                              trainable, weight_name, bias_name)
 
 
 def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
@@ -214,19 +206,11 @@ def conv1d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
     (k,) = nn._sequence(kernel_size, 1, api, "kernel_size")
     name = name or current(api).unique_name("Conv1d")
     shape = (filters, channels // groups, k) if data_format == "NCW" else (filters, k, channels)
-    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
-                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
-                              data_format=data_format),
-                          regularizer=kernel_regularizer, trainable=trainable)
-    out = nn.conv1d(x, weight, strides, padding, data_format, dilation_rate, groups, name)
-    if use_bias:
-        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
-                            initializer=bias_initializer or initializers.constant_initializer(0),
-                            regularizer=bias_regularizer, trainable=trainable)
-        out = nn.bias_add(out, bias, data_format)
-    if activation is not None:
-        out = activation(out)
-    return out
+    return _convolution_layer(x, name, shape, filters, data_format, use_bias, activation,
+                              lambda weight: nn.conv1d(x, weight, strides, padding, data_format, dilation_rate,
+                                                       groups, name),
+                              kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+                              trainable, weight_name, bias_name)
 
 
 def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=None, trainable: bool = True,
@@ -259,3 +243,22 @@ def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=No
                          regularizer=alpha_regularizer, trainable=trainable)
     alpha = emit("reshape", [alpha], {"shape": (1,) + tuple(alpha_shape)}, api=api)
     return indexing.where(x > 0.0, x, x * alpha, name=name)
+
+
+def _convolution_layer(x: Blob, name: str, shape: tuple, filters: int, data_format: str, use_bias: bool,
+                       activation, convolve: Callable[[Blob], Blob], kernel_initializer, bias_initializer,
+                       kernel_regularizer, bias_regularizer, trainable: bool, weight_name, bias_name) -> Blob:
+    """What the convolution layers share: the weight `<name>-weight` (Xavier-uniform by default, as in
+    OneFlow), the convolution, the bias `<name>-bias` (zeros) along the channel axis, the activation."""
+    from flow import nn
+    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=x.dtype,
+                          initializer=kernel_initializer or initializers.xavier_uniform_initializer(
+                              data_format=data_format),
+                          regularizer=kernel_regularizer, trainable=trainable)
+    out = convolve(weight)
+    if use_bias:
+        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=x.dtype,
+                            initializer=bias_initializer or initializers.constant_initializer(0),
+                            regularizer=bias_regularizer, trainable=trainable)
+        out = nn.bias_add(out, bias, data_format)
+    return activation(out) if activation is not None else out

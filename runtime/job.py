@@ -125,6 +125,7 @@ class JobFunction:
         self.job_type = job_type
         self.config = config
         self.placeholders, self.parameters = parameters_of(fn)
+        self._declared_shapes = tuple(p.shape for p in self.placeholders)
         # A job with mirrored (dynamic) inputs runs each call on a build for the shapes it was given:
         # one JobFunction per shape, traced, compiled (through the cache) and loaded on first use.
         self._variants: dict[tuple, JobFunction] = {}
@@ -298,7 +299,7 @@ class JobFunction:
         refuse_job_call_while_tracing(self.name)
         arrays = self._bind(args, kwargs)
         shapes = tuple(a.shape for a in arrays)
-        if shapes != tuple(p.shape for p in self.placeholders):
+        if shapes != self._declared_shapes:
             return self._variant(shapes)._call_bound(arrays)
         return self._call_bound(arrays)
 
@@ -309,14 +310,14 @@ class JobFunction:
             synchronous = not self.asynchronous and not self.old_api
             if synchronous:
                 pipeline.raise_pending_error()
+            in_callback = running_callback_of() is not None
             # Inside a callback, waiting for room would wait for this very callback to return.
-            hold = ready.register.acquire(wait_for_room=running_callback_of() is None,
+            hold = ready.register.acquire(wait_for_room=not in_callback,
                                           callbacks_waiting_for_caller=pipeline.callbacks_wait_for_caller)
             layout = ready.traced.layout
             # flow.watch handlers run on the callback thread: a watched sync call goes through the
             # pipeline (inside a callback, it runs them itself, on this very thread, afterwards).
             watched = bool(ready.traced.watches)
-            in_callback = running_callback_of() is not None
             if synchronous and not watched:
                 outputs = pipeline.run_now(ready, hold, arrays)   # None: calls in flight
                 if outputs is not None:
@@ -365,6 +366,7 @@ class JobFunction:
                 variant = JobFunction(self.fn, self.job_type, self.config, variant_of=self)
                 variant.placeholders = [dataclasses.replace(p, shape=shape)
                                         for p, shape in zip(self.placeholders, shapes)]
+                variant._declared_shapes = shapes
                 self._variants[shapes] = variant
                 if len(self._variants) == _MANY_VARIANTS:
                     warnings.warn(f"job {self.name!r} was called with mirrored inputs of {_MANY_VARIANTS} "
