@@ -18,9 +18,13 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
     Variables are `<name>-weight` and `<name>-bias`.  An input of rank > 2 is transformed along its
     last axis, (..., in) -> (..., units), as in OneFlow.  `model_distribute` (broadcast, split(0),
     auto) only says how several devices would hold the weight: one device holds all of it.
+    Without `kernel_initializer` the weight starts at zeros, as in OneFlow 0.3.4 (its layers.dense
+    defaults to `constant_initializer(0)`; pass an initializer to break the symmetry, as OneFlow's
+    examples do); the bias starts at zeros too.
 
     Example:
-        hidden = flow.layers.dense(x, 512, activation=flow.nn.relu, name="hidden")
+        hidden = flow.layers.dense(x, 512, activation=flow.nn.relu, name="hidden",
+                                   kernel_initializer=flow.truncated_normal(0.1))
     """
     api = "flow.layers.dense"
     x = check_blob(inputs, api, "inputs")
@@ -34,7 +38,7 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
     if len(x.shape) > 2:   # OneFlow applies the layer to the last axis: (..., in) -> (..., units)
         flat = emit("reshape", [x], {"shape": (_prod(x.shape[:-1]), x.shape[-1])}, api=api)
     weight = get_variable(f"{name}-weight", shape=(units, flat.shape[1]), dtype=x.dtype,
-                          initializer=kernel_initializer or initializers.glorot_uniform_initializer(),
+                          initializer=kernel_initializer or initializers.constant_initializer(0),
                           regularizer=kernel_regularizer, trainable=trainable)
     out = emit("matmul", [flat, weight], {"transpose_a": False, "transpose_b": True}, name=name, api=api)
     if use_bias:

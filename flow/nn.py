@@ -829,20 +829,23 @@ def MarginRankingLoss(input1, input2, target, margin: float = 0.0, reduction: st
 
 
 def _p_norm(x: Blob, p: float) -> Blob:
+    """The p-norm of `x` over axis 1, the axis OneFlow 0.3.4's TripletMarginLoss reduces."""
     from flow import math
     if p == 2.0:
-        return math.sqrt(math.reduce_sum(math.square(x), axis=-1))
+        return math.sqrt(math.reduce_sum(math.square(x), axis=1))
     if p == 1.0:
-        return math.reduce_sum(math.abs(x), axis=-1)
-    return math.pow(math.reduce_sum(math.pow(math.abs(x), p), axis=-1), 1.0 / p)
+        return math.reduce_sum(math.abs(x), axis=1)
+    return math.pow(math.reduce_sum(math.pow(math.abs(x), p), axis=1), 1.0 / p)
 
 
 def TripletMarginLoss(anchor, positive, negative, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6,  # noqa: N802
                       swap: bool = False, reduction: str = "mean", name: str | None = None) -> Blob:
     """`flow.nn.TripletMarginLoss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False,
-    reduction="mean")`: max(d(anchor, positive) - d(anchor, negative) + margin, 0) per row, with
-    d(a, b) the p-norm of a - b + eps over the last axis; `swap` uses min(d(a, n), d(p, n)) as the
-    negative distance.  Then its mean, sum or nothing.
+    reduction="mean")`: max(d(anchor, positive) - d(anchor, negative) + margin, 0), with d(a, b)
+    the p-norm of a - b + eps over axis 1 (as OneFlow 0.3.4: axis 1 whatever the rank, so a
+    (N, C, L) input gives an (N, L) loss before the reduction); `swap` uses min(d(a, n), d(p, n))
+    as the negative distance (OneFlow 0.3.4 refuses swap=True; flowc computes it).  Then its mean
+    over every remaining element, sum or nothing.
 
     Example:
         loss = flow.nn.TripletMarginLoss(a, pos, neg, margin=0.5)
@@ -852,8 +855,9 @@ def TripletMarginLoss(anchor, positive, negative, margin: float = 1.0, p: float 
     _check_reduction(reduction, api)
     a, pos = _loss_pair(anchor, positive, api, "anchor", "positive")
     _, neg = _loss_pair(anchor, negative, api, "anchor", "negative")
-    if not a.shape:
-        raise TraceError(f"{user_location()}: {api}: anchor must have at least one axis")
+    if len(a.shape) < 2:
+        raise TraceError(f"{user_location()}: {api}: anchor must have at least two axes (the norm is over "
+                         f"axis 1, as in OneFlow), got shape {list(a.shape)}")
     if float(p) <= 0:
         raise TraceError(f"{user_location()}: {api}: p must be positive, got {p}")
     p, eps = float(p), float(eps)

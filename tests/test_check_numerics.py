@@ -114,7 +114,7 @@ def train_job(config, lr: float = 0.1):
     @flow.global_function(type="train", function_config=config)
     def numerics_train(x: tp.Numpy.Placeholder((4, 3)), y: tp.Numpy.Placeholder((4,), dtype=flow.int32)) -> tp.Numpy:
         h = flow.math.sqrt(x)  # TRAIN_SQRT
-        logits = flow.layers.dense(h, 2, name="numerics_out")
+        logits = flow.layers.dense(h, 2, name="numerics_out", kernel_initializer=flow.glorot_uniform_initializer())
         loss = flow.math.reduce_mean(flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [lr]), momentum=0.9).minimize(loss)
         return loss

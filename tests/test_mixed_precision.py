@@ -19,8 +19,9 @@ def mlp_job(amp: bool, name: str):
         config.enable_auto_mixed_precision(True)
 
     def train(x: tp.Numpy.Placeholder((32, 20)), y: tp.Numpy.Placeholder((32,), dtype=flow.int32)) -> tp.Numpy:
-        h = flow.layers.dense(x, 16, activation=flow.nn.relu, name=f"{name}_hidden")
-        logits = flow.layers.dense(h, 4, name=f"{name}_out")
+        h = flow.layers.dense(x, 16, activation=flow.nn.relu, name=f"{name}_hidden",
+                              kernel_initializer=flow.glorot_uniform_initializer())
+        logits = flow.layers.dense(h, 4, name=f"{name}_out", kernel_initializer=flow.glorot_uniform_initializer())
         loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
         policy = flow.optimizer.loss_scale.dynamic_loss_scale(initial_loss_scale=1024.0)
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]),

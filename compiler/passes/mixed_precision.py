@@ -1,22 +1,29 @@
 """`auto_mixed_precision`: the rewrite behind `function_config().enable_auto_mixed_precision(True)`.
 
-OneFlow's AMP, in flowc's ops.  Every op is on one of four lists:
+OneFlow 0.3.4's AMP (oneflow/core/job_rewriter/auto_mixed_precision_lists.cpp and
+auto_mixed_precision.cpp, read at commit e5cbc2a17ccaa8699a214b6674f08d0843a98fb8), in flowc's ops.
+The lists, mapped onto flowc's op names (docs/oneflow_compat_semantics.md has the table):
 
-* WHITE: worth computing in float16 and safe to (matmul, which is also batch_matmul, and conv2d);
+* WHITE: worth computing in float16 (matmul, which is also batch_matmul, and conv2d);
 * GRAY: fine in float16 when their neighbours are (add/sub/mul/div with their broadcast and scalar
-  forms, sigmoid, tanh, sqrt, gelu, average pooling);
+  forms, which cover OneFlow's add_n, bias_add, scalar_* and broadcast_*; sigmoid, tanh, sqrt,
+  gelu, softmax, average pooling).  OneFlow's layer_norm and normalization are gray as whole ops;
+  in flowc they are built from smaller ops, whose gray parts (the arithmetic) may go float16 and
+  whose reductions stay float32;
 * CLEAR: exact in any precision, they only move or select values (relu, reshape, transpose, slices,
-  concat, gather, max pooling, broadcast_to);
-* BLACK: need float32 (reductions, softmax, cross-entropy, exp, log, pow, ...).  Any op on no list
-  also stays float32.
+  concat, gather, max pooling, broadcast_to; OneFlow's random_mask_like, the dropout mask, is
+  clear too, flowc's dropout_mask is a source and stays float32);
+* BLACK: empty in OneFlow 0.3.4 (its source has a TODO about reduce_mean).  Every op on no list
+  (reductions, exp, log, pow, cross-entropy, ...) stays float32, but, the black list being empty,
+  does not make its gray neighbours float32.
 
 The float16 set is found as OneFlow does:
 1. black spreads forward: a gray or clear op reached from a black op through gray and clear ops
-   (clear ones leading on to a gray or black op) is black too;
+   (clear ones leading on to a gray or black op) is black too (nothing, with an empty black list);
 2. a gray or clear op that is not black and lies on a path from a white op to a white op (through
    gray and clear ops only) joins the white ops;
-3. a clear op all of whose float inputs are white becomes white, repeatedly (float16 flows on
-   through relu, reshape, ...).
+3. white spreads through clear ops: downward, a clear op with any white input becomes white; then
+   upward, a clear op with any white consumer becomes white (OneFlow's "one father satisfied").
 Only ops whose output and float inputs are float32 take part.  The white set computes in float16;
 a cast is inserted on every edge that crosses its boundary.  Variables (and every other source)
 are never in it: master weights stay float32, read through a cast to float16 in the forward
@@ -36,12 +43,11 @@ from typing import Callable, Iterable
 from flowc.compiler.ir import GraphBuilder, Node
 
 WHITE = frozenset({"matmul", "conv2d"})
-GRAY = frozenset({"add", "subtract", "multiply", "divide", "sigmoid", "tanh", "sqrt", "gelu", "avg_pool2d"})
+GRAY = frozenset({"add", "subtract", "multiply", "divide", "sigmoid", "tanh", "sqrt", "gelu", "softmax",
+                  "avg_pool2d"})
 CLEAR = frozenset({"relu", "reshape", "transpose", "strided_slice", "slice_axis", "concat", "gather",
                    "max_pool2d", "broadcast_to"})
-BLACK = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "softmax",
-                   "sparse_softmax_cross_entropy", "exp", "log", "pow", "expm1", "log1p", "square",
-                   "softplus", "log_sigmoid", "lgamma", "digamma"})
+BLACK: frozenset[str] = frozenset()       # OneFlow 0.3.4's black list is empty
 FULL, HALF = "float32", "float16"
 
 
@@ -52,7 +58,11 @@ def _eligible(n: Node, types: dict) -> bool:
 
 
 def half_set(nodes: list[Node]) -> set[int]:
-    """The ids of the ops AMP computes in float16 (the module docstring's steps 1-3)."""
+    """The ids of the ops AMP computes in float16 (the module docstring's steps 1-3).
+
+    Example:
+        white = half_set(ctx.builder.nodes)     # ids of the matmuls and the gray ops between them
+    """
     types = {n.id: n.type for n in nodes}
     consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
     for n in nodes:
@@ -85,10 +95,13 @@ def half_set(nodes: list[Node]) -> set[int]:
     # Step 2: gray and clear ops on a path between two white ops.
     white = {i for i in ok if op[i] in WHITE}
     white |= downstream(white, upstream(white, (gray | clear) - black))
-    # Step 3: clear ops fed only by white ops.
+    # Step 3: white spreads through clear ops, downward (any white input), then upward (any white consumer).
+    spreads = clear - black
     for n in nodes:
-        floats = [i for i in n.inputs if types[i].dtype.startswith("float")]
-        if n.id in clear and n.id not in black and floats and all(i in white for i in floats):
+        if n.id in spreads and any(i in white for i in n.inputs):
+            white.add(n.id)
+    for n in reversed(nodes):
+        if n.id in spreads and any(c in white for c in consumers[n.id]):
             white.add(n.id)
     return white
 
