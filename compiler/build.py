@@ -63,11 +63,22 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     if optimizer is not None:
         assert loss is not None           # _training_target gives both or neither
         graph, diffs = _add_backward_and_update(ctx, graph, optimizer, loss)
+    _check_assigns(ctx, graph)
     graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
     watches = _watch_outputs(ctx, graph, diffs)
     graph.verify()
     return TracedJob(graph, layout, optimizer, watches)
+
+
+def _check_assigns(ctx: TraceContext, graph: Graph) -> None:
+    """A variable written by flow.assign must not also be written by the optimizer's update: OneFlow
+    gives the two writes no order, so the step's result would depend on which ran last."""
+    for var in sorted(set(ctx.assigns) & set(graph.assigns)):
+        line = ctx.assign_lines.get(var, "<unknown>")
+        raise TraceError(f"{line}: flow.assign: variable {var!r} is also updated by this job's optimizer; "
+                         f"OneFlow gives the two updates no order.  Declare it trainable=False, or assign "
+                         f"it in another job")
 
 
 def _mixed_precision(ctx: TraceContext, flat: list[Blob], loss: Blob | None) -> tuple[list[Blob], Blob | None]:

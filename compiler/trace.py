@@ -76,6 +76,7 @@ class TraceContext:
     default_dtype: str = "float32"                  # function_config().default_data_type
     logical_view: str = "consistent"                # function_config().default_logical_view
     assigns: dict[str, int] = field(default_factory=dict)   # variable -> next value, set by layers
+    assign_lines: dict[str, str] = field(default_factory=dict)   # variable -> user line of its flow.assign
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
     watches: list[WatchSpec] = field(default_factory=list)  # flow.watch / flow.watch_diff, in call order
@@ -139,9 +140,13 @@ def emit(op: str, inputs: list[Blob] | tuple = (), attrs: dict | None = None, *,
     """Append one node to the current job's graph and return its Blob.
 
     `api` is the user-facing op name used in error messages (e.g. `flow.matmul`); `loc` overrides
-    the user's source line found on the stack.
+    the user's source line found on the stack.  Inside `flow.scope.namespace("a")` a named op is
+    named `a-<name>`, as OneFlow's user_op_builder prefixes op names; a variable's node carries its
+    variable name, which get_variable has prefixed already.
     """
     ctx = current(api or op)
+    if name and ctx.namespaces and op != "variable":
+        name = "-".join(ctx.namespaces + [name])
     for b in inputs:
         if b.ctx is not ctx:
             raise TraceError(f"{user_location()}: {api or op}: a Blob of job {b.ctx.job_name!r} "
@@ -203,6 +208,21 @@ class Blob:
     @property
     def logical_blob_name(self) -> str:
         return f"{self.ctx.job_name}/%{self.id}"
+
+    @property
+    def op_name(self) -> str:
+        """The name of the op that computes this Blob: the name given to it (prefixed by the open
+        `flow.scope.namespace` blocks, as in OneFlow), else `<op>_<id>`.
+
+        Example:
+            with flow.scope.namespace("enc"):
+                y = flow.math.relu(x, name="act")
+            y.op_name          # "enc-act"
+        """
+        nodes = self.ctx.builder.nodes
+        node = nodes[self.id] if self.id < len(nodes) and nodes[self.id].id == self.id else \
+            next(n for n in nodes if n.id == self.id)
+        return node.name or f"{node.op}_{self.id}"
 
     def __repr__(self) -> str:
         return f"Blob(%{self.id}: {self.type})"

@@ -206,7 +206,9 @@ def broadcast_like(x, like, broadcast_axes=None, name: str | None = None) -> Blo
 def assign(ref, value, dtype=None, name: str | None = None) -> None:
     """`flow.assign(ref, value)`: after this step the variable `ref` holds `value` (in train and
     predict jobs).  Within the step every read of `ref` sees the value it had before the step, as in
-    OneFlow, where the assignment runs after the ops that read the variable.
+    OneFlow, where the assignment runs after the ops that read the variable.  A variable the job's
+    optimizer also updates cannot be assigned (OneFlow defines no order between the two writes): the
+    trace fails naming the variable and this line.
 
     Example:
         counter = flow.get_variable("counter", shape=(1,), initializer=flow.zeros_initializer())
@@ -224,6 +226,7 @@ def assign(ref, value, dtype=None, name: str | None = None) -> None:
     if value.type.dtype != ref.type.dtype:
         value = emit("cast", [value], {"dtype": ref.type.dtype}, api=api)
     ctx.assigns[var.attr("name")] = value.id
+    ctx.assign_lines[var.attr("name")] = user_location()
 
 
 # --- indexing ------------------------------------------------------------------------------

@@ -174,13 +174,18 @@ __all__ = ["argsort", "sort", "range", "smooth_l1_loss", "dtypes", "name_scope",
 
 
 def _logical_view() -> str:
+    """The innermost `with flow.scope.*_view():` block's view, else the traced job's, else consistent."""
+    from flow.scope import _view_stack
     from flowc.compiler.trace import _current
+    if _view_stack:
+        return _view_stack[-1]
     return _current[-1].logical_view if _current else "consistent"
 
 
 def consistent_view_enabled() -> bool:
     """`flow.scope.consistent_view_enabled()`: True unless the job being traced has
-    `function_config().default_logical_view(flow.scope.mirrored_view())` (outside a job: True).
+    `function_config().default_logical_view(flow.scope.mirrored_view())` (outside a job: True),
+    or a `with flow.scope.mirrored_view():` block is open (the innermost block wins).
 
     Example:
         if flow.scope.consistent_view_enabled():
@@ -191,7 +196,8 @@ def consistent_view_enabled() -> bool:
 
 def mirrored_view_enabled() -> bool:
     """`flow.scope.mirrored_view_enabled()`: True where the job being traced has the mirrored logical
-    view (`function_config().default_logical_view(flow.scope.mirrored_view())`).
+    view (`function_config().default_logical_view(flow.scope.mirrored_view())`) or inside a
+    `with flow.scope.mirrored_view():` block (the innermost block wins).
 
     Example:
         if flow.scope.mirrored_view_enabled():

@@ -51,14 +51,56 @@ def placement(device_tag: DeviceName, machine_device_ids="0:0") -> PlacementScop
     return PlacementScope(device_tag, machine_device_ids)
 
 
-def consistent_view():
-    """Accepted for compatibility: one device has a single logical view."""
-    return "consistent"
+# The views entered by `with flow.scope.mirrored_view():` / `consistent_view()` blocks, innermost last
+# (OneFlow keeps the same stack on its session).
+_view_stack: list[str] = []
 
 
-def mirrored_view():
-    """Accepted for compatibility: one device has a single logical view."""
-    return "mirrored"
+class LogicalView(str):
+    """What `flow.scope.consistent_view()` and `flow.scope.mirrored_view()` return, as OneFlow 0.3.4's
+    DistributeConsistentStrategy / DistributeMirroredStrategy: the value of
+    `function_config().default_logical_view(...)`, and a `with` block inside which
+    `flow.scope.mirrored_view_enabled()` / `consistent_view_enabled()` answer for that view.  It is
+    also the string "consistent" or "mirrored".  On one device both views compute the same values.
+    """
+
+    @property
+    def is_mirrored(self) -> bool:
+        return self == "mirrored"
+
+    def __enter__(self) -> LogicalView:
+        _view_stack.append(str(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _view_stack.pop()
+
+    def __repr__(self) -> str:
+        return f"flow.scope.{self}_view()"
+
+
+def consistent_view() -> LogicalView:
+    """`flow.scope.consistent_view()`: the consistent logical view, for
+    `function_config().default_logical_view(...)` or a `with` block.
+
+    Example:
+        config.default_logical_view(flow.scope.consistent_view())
+        with flow.scope.consistent_view():
+            assert flow.scope.consistent_view_enabled()
+    """
+    return LogicalView("consistent")
+
+
+def mirrored_view() -> LogicalView:
+    """`flow.scope.mirrored_view()`: the mirrored logical view, for
+    `function_config().default_logical_view(...)` or a `with` block.
+
+    Example:
+        config.default_logical_view(flow.scope.mirrored_view())
+        with flow.scope.mirrored_view():
+            assert flow.scope.mirrored_view_enabled()
+    """
+    return LogicalView("mirrored")
 
 
 def namespace(name: str) -> contextlib.AbstractContextManager[None]:

@@ -112,7 +112,7 @@ def _view(option: str, value: Any) -> str:
     if value not in ("consistent", "mirrored"):
         raise TypeError(f"function_config.{option}: expected flow.scope.consistent_view() or "
                         f"flow.scope.mirrored_view(), got {value!r}")
-    return value
+    return str(value)       # flow.scope's LogicalView is also the plain string
 
 
 def _mode(option: str, value: Any) -> str:
