@@ -21,7 +21,7 @@ from flowc.compiler.backends import DeviceName as _DeviceName
 from flowc.compiler.trace import Blob
 from flow import config, layers, losses, math, nn, optimizer, scope, typing
 from flow import checkpoint, distribute, env, image, profiler, regularizers, train, unsupported
-from flow import nvtx
+from flow import nvtx, random
 from flow import system
 from flow.checkpoint import get_all_variables, load_variables
 from flow import data
@@ -52,7 +52,7 @@ double = float64
 __all__ = [
     # submodules
     "checkpoint", "config", "data", "distribute", "env", "image", "layers", "losses", "math", "nn", "optimizer",
-    "nvtx", "profiler", "regularizers", "scope", "system", "train", "typing", "dtype",
+    "nvtx", "profiler", "random", "regularizers", "scope", "system", "train", "typing", "dtype",
     "amp_white_identity", "cast_to_static_shape", "copy", "current_machine_id", "broadcast_to_compatible_with",
     # data types
     "float", "double", "float16", "half", "float32", "float64", "char", "int8", "int32", "int64", "uint8",

@@ -34,7 +34,6 @@ _NOT_YET = "not implemented in flowc yet"
 _NO_LIBRARY = "flowc has no C++ library to build custom ops against (see docs/oneflow_compat.md)"
 _SUMMARY = "OneFlow's TensorBoard summary writer; record values with flow.watch or job results instead"
 _UNITTEST = "OneFlow's own test harness; flowc's tests use pytest"
-_RANDOM_OPS = "random ops other than dropout are not implemented in flowc yet; draw on the host with NumPy"
 
 # Fully qualified name (under `flow.`) -> reason.
 UNSUPPORTED: dict[str, str] = {
@@ -93,8 +92,6 @@ UNSUPPORTED: dict[str, str] = {
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
         "elem_cnt", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},
     "env.current_resource": _INTERNAL,
-    **{f"random.{name}": _RANDOM_OPS for name in ("bernoulli", "coin_flip", "CoinFlip", "shuffle", "gen_seed",
-                                                  "generate_random_batch_permutation_indices")},
     **{f"sysconfig.{name}": _NO_LIBRARY for name in (
         "get_compile_flags", "get_include", "get_lib", "get_link_flags", "has_rpc_backend_grpc",
         "has_rpc_backend_local", "with_cuda", "with_xla")},

@@ -59,6 +59,12 @@ class ReadyStep:
         done = steps.get(self.name, 0)         # each train job counts its own steps, as in OneFlow
         if self.counts_steps:
             steps[self.name] = done + 1
+        elif "train_step" in self.traced.graph.scalars:
+            # A predict job reads the step counter only for its random ops (flow.random.*): count its
+            # calls, so that each call draws anew, as OneFlow's random kernels do.
+            calls = self.session.random_calls
+            done = calls.get(self.name, 0)
+            calls[self.name] = done + 1
         return _runtime_scalars(self.traced, done)
 
     def _uncount_failed_step(self) -> None:

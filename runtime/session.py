@@ -35,6 +35,8 @@ class Session:
     variables: dict[str, VariableSlot] = field(default_factory=dict)
     jobs: list[Any] = field(default_factory=list)
     train_steps: dict[str, int] = field(default_factory=dict)    # job name -> steps done
+    # Predict jobs with random ops (flow.random.*): job name -> calls done, their random step counter.
+    random_calls: dict[str, int] = field(default_factory=dict)
     # Checkpoint values loaded before a job declared their variable (runtime/checkpoint.py):
     # name -> PendingValue; declare_variable checks it and uses it as the initial value.
     pending_values: dict[str, Any] = field(default_factory=dict)

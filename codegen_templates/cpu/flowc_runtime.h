@@ -24,6 +24,16 @@ inline bool dropout_keep(uint64_t seed, uint64_t step, uint64_t i, uint32_t thre
   return (uint32_t)(z >> 32) >= threshold;
 }
 
+// A uniform value in [0, 1) for element i of step `step` (flow.random.*): the same hash as
+// dropout_keep, its top 24 bits times 2^-24, exact in float and double.
+inline float random_unit(uint64_t seed, uint64_t step, uint64_t i) {
+  uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ULL) ^ (i * 0xBF58476D1CE4E5B9ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
 // Is a label outside [0, classes)?  The step checks its input labels with it before any kernel
 // runs, so a step that fails on one changes nothing.
 template <class L>

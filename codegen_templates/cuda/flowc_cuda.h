@@ -32,6 +32,16 @@ __device__ __forceinline__ bool dropout_keep(uint64_t seed, uint64_t step, uint6
   return (uint32_t)(z >> 32) >= threshold;
 }
 
+// A uniform value in [0, 1) for element i of step `step` (flow.random.*): the same hash as
+// dropout_keep, its top 24 bits times 2^-24, exact in float and double.
+__device__ __forceinline__ float random_unit(uint64_t seed, uint64_t step, uint64_t i) {
+  uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ULL) ^ (i * 0xBF58476D1CE4E5B9ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
 // NaN-honest arithmetic with NumPy's semantics, as in codegen_templates/cpu/flowc_runtime.h
 // (see there): comparisons only, exact without --use_fast_math (which flowc never uses).
 template <class T>

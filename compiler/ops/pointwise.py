@@ -295,6 +295,40 @@ register(OpRule("dropout_mask", "pointwise", _infer_dropout_mask, _dropout_mask_
                        "? ({T}){scale} : ({T})0)", differentiable=False))
 
 
+def _infer_random_uniform(inputs: list, attrs: dict) -> TensorType:
+    (step,) = inputs
+    if step.shape != () or step.dtype != "int64":
+        raise ShapeError(f"random_uniform: its input is the int64 step counter scalar, got {step}")
+    if attrs["dtype"] not in ("float32", "float64"):
+        raise ShapeError(f"random_uniform: dtype must be float32 or float64, got {attrs['dtype']}")
+    return TensorType(tuple(attrs["shape"]), attrs["dtype"])
+
+
+def random_units(seed: int, step: int, size: int) -> np.ndarray:
+    """The same values as flowc::random_unit in flowc_runtime.h, for every index at once: the top 24
+    bits of splitmix64's finalizer over (seed, step, index), times 2^-24, so in [0, 1) and exact in
+    float32."""
+    with np.errstate(over="ignore"):
+        i = np.arange(size, dtype=np.uint64)
+        z = np.uint64(seed) ^ (np.uint64(step) * np.uint64(0x9E3779B97F4A7C15)) ^ (i * np.uint64(0xBF58476D1CE4E5B9))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.float64) * 2.0 ** -24
+
+
+def _random_uniform_reference(step, shape, dtype, seed):
+    size = int(np.prod(shape, dtype=np.int64))
+    return random_units(seed, int(step), size).reshape(shape).astype(numpy_dtype(dtype))
+
+
+# random_uniform(step): a uniform value in [0, 1) per element, a counter-based hash of (seed, step,
+# element index) like dropout_mask's: no state, the same in every run with the same seed, new every
+# step.  flow.random.* (bernoulli, shuffle, coin_flip) are built on it.
+register(OpRule("random_uniform", "pointwise", _infer_random_uniform, _random_uniform_reference, None,
+                c_expr="(({T})flowc::random_unit({seed}ULL, (uint64_t){0}, (uint64_t)i))", differentiable=False))
+
+
 def _infer_cast(inputs: list, attrs: dict) -> TensorType:
     (x,) = inputs
     return TensorType(x.shape, attrs["dtype"])
