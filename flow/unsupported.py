@@ -34,6 +34,8 @@ _NOT_YET = "not implemented in flowc yet"
 _NO_LIBRARY = "flowc has no C++ library to build custom ops against (see docs/oneflow_compat.md)"
 _SUMMARY = "OneFlow's TensorBoard summary writer; record values with flow.watch or job results instead"
 _UNITTEST = "OneFlow's own test harness; flowc's tests use pytest"
+_QUANTIZATION = ("quantization-aware training (observers and fake quantization) is not in flowc's op set; "
+                 "FunctionConfig.enable_qat is refused too")
 
 # Fully qualified name (under `flow.`) -> reason.
 UNSUPPORTED: dict[str, str] = {
@@ -96,7 +98,11 @@ UNSUPPORTED: dict[str, str] = {
         "get_compile_flags", "get_include", "get_lib", "get_link_flags", "has_rpc_backend_grpc",
         "has_rpc_backend_local", "with_cuda", "with_xla")},
     **{f"summary.{name}": _SUMMARY for name in ("create_summary_writer", "flush_summary_writer", "histogram",
-                                                "image", "pb", "scalar")},
+                                                "image", "pb", "scalar", "text", "hparams", "Hparam",
+                                                "IntegerRange", "RealRange", "ValueSet", "Metric", "Graph",
+                                                "Projector")},
+    **{f"quantization.{name}": _QUANTIZATION for name in ("fake_quantization", "min_max_observer",
+                                                         "moving_average_min_maxObserver")},
     **{f"unittest.{name}": _UNITTEST for name in (
         "num_nodes_required", "register_test_cases", "TestCase", "TestCase_1n1d", "env.eager_execution_enabled",
         "env.gpu_device_num", "env.has_node_list", "env.node_list", "env.node_size", "env.typing_check_enabled")},
@@ -131,7 +137,8 @@ def stubs(namespace: str) -> dict[str, Callable[..., NoReturn]]:
 
 
 # Namespaces of OneFlow that hold only unsupported names: flow/__init__.py makes each a module of stubs.
-UNSUPPORTED_NAMESPACES = ("detection", "onerec", "summary", "sysconfig", "unittest", "unittest.env", "placement")
+UNSUPPORTED_NAMESPACES = ("detection", "onerec", "summary", "sysconfig", "unittest", "unittest.env", "placement",
+                          "quantization")
 
 
 def namespace_module(namespace: str, package: str = "flow"):
