@@ -140,13 +140,14 @@ def emit(op: str, inputs: list[Blob] | tuple = (), attrs: dict | None = None, *,
     """Append one node to the current job's graph and return its Blob.
 
     `api` is the user-facing op name used in error messages (e.g. `flow.matmul`); `loc` overrides
-    the user's source line found on the stack.  Inside `flow.scope.namespace("a")` a named op is
-    named `a-<name>`, as OneFlow's user_op_builder prefixes op names; a variable's node carries its
-    variable name, which get_variable has prefixed already.
+    the user's source line found on the stack.  Inside `flow.scope.namespace("a")` every op is
+    named `a-<name>` (an unnamed one `a-<op>_<id>`), as OneFlow's user_op_builder prefixes the given
+    and the generated op names; a variable's node carries its variable name, which get_variable has
+    prefixed already.
     """
     ctx = current(api or op)
-    if name and ctx.namespaces and op != "variable":
-        name = "-".join(ctx.namespaces + [name])
+    if ctx.namespaces and op != "variable":
+        name = "-".join(ctx.namespaces + [name or f"{op}_{ctx.builder.next_id}"])
     for b in inputs:
         if b.ctx is not ctx:
             raise TraceError(f"{user_location()}: {api or op}: a Blob of job {b.ctx.job_name!r} "
@@ -211,8 +212,8 @@ class Blob:
 
     @property
     def op_name(self) -> str:
-        """The name of the op that computes this Blob: the name given to it (prefixed by the open
-        `flow.scope.namespace` blocks, as in OneFlow), else `<op>_<id>`.
+        """The name of the op that computes this Blob: the name given to it, else `<op>_<id>`; inside
+        `flow.scope.namespace` blocks either is prefixed by them, as in OneFlow.
 
         Example:
             with flow.scope.namespace("enc"):

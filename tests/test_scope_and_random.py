@@ -50,12 +50,14 @@ def test_op_names_under_a_namespace_get_its_prefix():
     def namespaced_ops(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
         with flow.scope.namespace("enc"):
             a = flow.math.relu(x, name="act")
+            unnamed = flow.math.sigmoid(a)
             with flow.scope.namespace("inner"):
                 h = flow.layers.dense(a, 4, name="fc")
-        b = flow.math.relu(h, name="outside")
-        names.update(act=a.op_name, fc=h.op_name, outside=b.op_name)
+        b = flow.math.relu(h + flow.math.reduce_sum(unnamed), name="outside")
+        names.update(act=a.op_name, fc=h.op_name, outside=b.op_name, unnamed=unnamed.op_name)
         return b
     namespaced_ops.lower()
+    assert names.pop("unnamed").startswith("enc-sigmoid_")         # generated names get the prefix too
     assert names == {"act": "enc-act", "fc": "enc-inner-fc", "outside": "outside"}
     assert "enc-inner-fc-weight" in flow.get_all_variables()
     flow.clear_default_session()
