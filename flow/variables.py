@@ -13,6 +13,7 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
     """Create or reuse the variable `name`; every job of the session reading `name` sees one storage.
 
     Without an initializer the values come from glorot_uniform (reproducible: seeded from the name).
+    With `reuse=False`, getting a variable this job already got is an error, as in OneFlow 0.3.4.
 
     Example:
         w = flow.get_variable("w", shape=(10, 784), initializer=flow.truncated_normal(0.1))
@@ -24,6 +25,9 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
         raise TraceError(f"{loc}: {api}: name must be a non-empty string, got {name!r}")
     if ctx.namespaces:     # flow.scope.namespace("a"): "a-<name>", as OneFlow names it
         name = "-".join(ctx.namespaces + [name])
+    if not reuse and name in ctx.variable_nodes:
+        raise TraceError(f"{loc}: {api}: variable {name!r} already exists in job {ctx.job_name!r}; getting "
+                         f"the same variable again is not allowed with reuse=False")
     problem = variable_name_problem(name)     # decided here, not at the first checkpoint save
     if problem is not None:
         raise TraceError(f"{loc}: {api}: name {shorten_name(name)} {problem}")

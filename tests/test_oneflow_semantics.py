@@ -115,3 +115,25 @@ def test_dense_defaults_to_zero_weights_as_oneflow():
     limit = np.sqrt(6.0 / (fan_in + fan_out))
     assert conv.any() and np.abs(conv).max() <= limit
     flow.clear_default_session()
+
+
+def test_get_variable_with_reuse_false_refuses_a_second_get_in_one_job():
+    """OneFlow 0.3.4's get_variable asserts the variable is new in the job when reuse=False."""
+    flow.clear_default_session()
+
+    @flow.global_function(type="predict")
+    def reuse_false(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        a = flow.get_variable("reused", shape=(3,), initializer=flow.ones_initializer())
+        b = flow.get_variable("reused", shape=(3,), initializer=flow.ones_initializer(), reuse=False)
+        return x + a + b
+    with pytest.raises(TraceError, match="'reused' already exists in job 'reuse_false'.*reuse=False"):
+        reuse_false.lower()
+    flow.clear_default_session()          # a call traces every job of the session, the failing one too
+
+    @flow.global_function(type="predict")
+    def reuse_default(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        a = flow.get_variable("shared", shape=(3,), initializer=flow.ones_initializer(), reuse=False)
+        b = flow.get_variable("shared", shape=(3,), initializer=flow.ones_initializer())
+        return x + a + b
+    np.testing.assert_array_equal(reuse_default(np.zeros(3, np.float32)), [2.0, 2.0, 2.0])
+    flow.clear_default_session()
