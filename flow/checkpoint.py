@@ -14,16 +14,19 @@ from flowc.runtime.checkpoint import CheckpointError, SavedVariable, VariableVal
 from flowc.runtime.session import default_session
 
 
-def save(path) -> None:
+def save(path, var_dict: dict[str, Any] | None = None) -> None:
     """Save every variable of the session (optimizer state and train step counters included) to a
-    new folder `path`, atomically: `path` appears complete or not at all.
+    new folder `path`, atomically: `path` appears complete or not at all.  Given `var_dict` (name ->
+    NumPy array or object with `.numpy()`, e.g. from `flow.get_all_variables()`), save exactly its
+    entries instead, as OneFlow does.
 
     Example:
         flow.checkpoint.save("./lenet_models_1")
+        flow.checkpoint.save("./dense1_only", {"dense1-weight": flow.get_all_variables()["dense1-weight"]})
     """
     session = default_session()
     session.trace_jobs("flow.checkpoint.save()")
-    _impl.save(session, path)
+    _impl.save(session, path, var_dict)
 
 
 def get(path) -> dict[str, SavedVariable]:

@@ -297,14 +297,40 @@ def _current_value(session, name: str) -> np.ndarray:
     return session.value(name)
 
 
-def save(session, path: str | os.PathLike) -> None:
-    """Write every variable of `session` (and its train step counters) to a fresh folder `path`."""
+def save(session, path: str | os.PathLike, var_dict: dict[str, Any] | None = None) -> None:
+    """Write every variable of `session` (and its train step counters) to a fresh folder `path`, or,
+    given `var_dict`, exactly its entries (name -> array or object with `.numpy()`) and nothing else."""
     path = os.path.abspath(os.fspath(path))
     _check_fresh(path)
     session.sync("flow.checkpoint.save()")        # the values after every call made so far
-    # One consistent cut: no step runs while the variables and step counters are copied, so a
-    # save made while another thread trains holds them as some whole number of steps left them.
-    entries: list[tuple[str, np.ndarray, str | None]] = []      # (name, value, dtype; None: raw bytes)
+    entries = _dict_entries(var_dict) if var_dict is not None else _session_entries(session)
+    _write_checkpoint(path, entries)
+
+
+def _dict_entries(var_dict: Any) -> list[tuple[str, np.ndarray, str | None]]:
+    """The entries of `flow.checkpoint.save(path, var_dict)`, each value checked before anything is written."""
+    if not isinstance(var_dict, dict):
+        raise CheckpointError(f"flow.checkpoint.save: var_dict must be a dict of name -> value, got "
+                              f"{type(var_dict).__name__}")
+    entries: list[tuple[str, np.ndarray, str | None]] = []
+    for name, value in var_dict.items():
+        if not isinstance(name, str):
+            raise CheckpointError(f"flow.checkpoint.save: var_dict keys must be variable names (str), got "
+                                  f"{name!r}")
+        array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+        if array.dtype.name not in ONEFLOW_DTYPE:
+            raise CheckpointError(f"flow.checkpoint.save: the value for variable {name!r} has dtype "
+                                  f"{array.dtype}, which flowc does not support (it supports "
+                                  f"{', '.join(ONEFLOW_DTYPE)})")
+        entries.append((name, np.array(array, order="C", copy=True), array.dtype.name))
+    return entries
+
+
+def _session_entries(session) -> list[tuple[str, np.ndarray, str | None]]:
+    """(name, value, dtype; None: raw bytes) of every variable, loaded value and train step counter.
+    One consistent cut: no step runs while they are copied, so a save made while another thread
+    trains holds them as some whole number of steps left them."""
+    entries: list[tuple[str, np.ndarray, str | None]] = []
     with session.holding_steps():
         for name in list(session.variables):
             entries.append((name, _current_value(session, name).copy(), session.variables[name].type.dtype))
@@ -313,6 +339,10 @@ def save(session, path: str | os.PathLike) -> None:
                 entries.append((name, pending.data, None if pending.raw else pending.data.dtype.name))
         for job, steps in session.train_steps.items():
             entries.append((TRAIN_STEP_PREFIX + job, np.array(steps, dtype=np.int64), "int64"))
+    return entries
+
+
+def _write_checkpoint(path: str, entries: list[tuple[str, np.ndarray, str | None]]) -> None:
     for name, _, _ in entries:
         _check_name(name)
     parent, base = os.path.split(path)

@@ -7,7 +7,7 @@ import flow
 import flow.typing as tp
 
 
-@flow.global_function(flow.function_config())
+@flow.global_function(type="predict")
 def echo_job(images: tp.Numpy.Placeholder((32, 1, 28, 28), dtype=flow.float),
              labels: tp.Numpy.Placeholder((32,), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy]:
     return images, labels
