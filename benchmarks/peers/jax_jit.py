@@ -7,7 +7,7 @@ draws its mask from a key folded with the step number, as flowc's does from its 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,8 @@ def _trainer(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tupl
 
 
 def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    if workload.model not in ("mlp", "lenet"):
+        raise NotApplicable(f"the JAX peer has the seed models only, not {workload.title}")
     if workload.mode == "train":
         dispatch, _ = _trainer(workload, images, labels)
         return lambda: np.asarray(dispatch())          # np.asarray waits for the step: a synchronous call
@@ -127,6 +129,10 @@ def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> t
         raise NotApplicable("asynchronous steps are measured on train steps")
     dispatch, state = _trainer(workload, images, labels)
     return dispatch, lambda: state["loss"].block_until_ready()
+
+
+def build_profiled(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+    raise NotApplicable("XLA has no per-step kernel timers comparable to flowc's")
 
 
 def cache_env(directory: str) -> dict[str, str] | None:
