@@ -44,6 +44,7 @@ class MachineLoad:
     seconds: float = 0.0                        # wall time the share was measured over
     busy: bool | None = None                    # None: could not be measured
     reason: str = ""                            # the figures behind `busy`, in words
+    per_process: dict[str, float | None] = field(default_factory=dict)  # "r1-flowc" -> others' share meanwhile
 
     def describe(self) -> str:
         """One sentence for the report: the load averages, the CPU count and other work's share."""

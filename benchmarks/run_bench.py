@@ -21,9 +21,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 from dataclasses import asdict
+from pathlib import Path
 
 from benchmarks.machine import LoadMonitor, load_average
 from benchmarks.peers import FRAMEWORKS, unavailable
@@ -85,8 +84,9 @@ def pytest_command(args: argparse.Namespace, framework: str, round_no: int, json
             f"--latency-repeats={args.latency_repeats}"]
 
 
-def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Path, bool]:
-    """Benchmark `framework` in a fresh process; return its JSON path and whether it passed."""
+def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Path, bool, float | None]:
+    """Benchmark `framework` in a fresh process; return its JSON path, whether it passed, and the
+    share of the benchmark CPUs' time other work took meanwhile (None where unmeasurable)."""
     name = f"r{round_no + 1}-{framework}"
     json_path, log_path = args.out / "raw" / f"{name}.json", args.out / "logs" / f"{name}.log"
     monitor = LoadMonitor(pinned_cpus(args.threads))
@@ -103,7 +103,7 @@ def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Pa
           f"(load before {load}, other work {others} of the CPUs)  {status}", flush=True)
     if not ok:
         print("\n".join(log_path.read_text().splitlines()[-15:]), flush=True)
-    return json_path, ok
+    return json_path, ok, share
 
 
 def busy_machine_warning(load: list[float] | None, args: argparse.Namespace) -> str:
@@ -152,16 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     print(f"benchmarking {', '.join(frameworks)}: {args.rounds} round(s), {args.threads} threads each", flush=True)
     results = [run_one(args, f, r) for r in range(args.rounds) for f in frameworks]
-    failed = [p.stem for p, ok in results if not ok]
+    failed = [p.stem for p, ok, _ in results if not ok]
 
     environment = shared_env(args)
     cpus = pinned_cpus(args.threads)
     if cpus:
         environment["CPUs"] = ",".join(map(str, cpus))
     machine_load = monitor.finish()
+    machine_load.per_process = {p.stem: None if share is None else round(share, 3) for p, _, share in results}
     info = RunInfo(threads=args.threads, sgemm_size=SGEMM_SIZE, missing=missing, environment=environment,
                    machine_load=machine_load, commit=code_commit(), warning=warning)
-    markdown, notes = write_report(load_runs([p for p, _ in results if p.exists()]), args.out, info)
+    markdown, notes = write_report(load_runs([p for p, _, _ in results if p.exists()]), args.out, info)
     (args.out / "run.json").write_text(json.dumps(asdict(info), indent=1))     # with the date write_report found
     print("\n" + markdown)
     print("\n".join(notes))

@@ -6,6 +6,7 @@ the Markdown and bench.json out.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +36,8 @@ def test_judge_a_high_load_before_the_run_or_other_work_during_it_makes_the_mach
     assert "1.80 > 1" in judge(2, [1.8, 0.2, 0.1], 0.0)[1]
 
 
-def test_busy_machine_no_target_is_ticked_in_markdown_or_json(tmp_path):
+def test_busy_machine_no_target_is_ticked_in_markdown_or_json(tmp_path, monkeypatch):
+    monkeypatch.setattr("benchmarks.report.write_chart", lambda summary, path: "no chart in this test")
     info = RunInfo(threads=2, machine_load=busy_load())
     markdown = render_markdown(summary_of_runs(), info)
     assert "✓" not in markdown and "✗" not in markdown
@@ -113,3 +115,49 @@ def test_load_monitor_on_this_machine_gives_a_share_or_none():
 
 def test_idle_fixture_is_judged():
     assert RunInfo(machine_load=IDLE).busy is False
+
+
+class FakeMonitor:
+    """LoadMonitor with fixed figures: the driver's run without a busy or idle machine to hand."""
+    figures = busy_load()
+
+    def __init__(self, cpus=None) -> None:
+        self.load_before = self.figures.load_before
+
+    def others_share(self) -> float | None:
+        return self.figures.others_share
+
+    def finish(self) -> MachineLoad:
+        return MachineLoad(**{k: getattr(self.figures, k) for k in MachineLoad.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("figures,ticked", [(busy_load(), False), (IDLE, True)])
+def test_the_driver_records_the_load_and_judges_only_an_idle_run(tmp_path, monkeypatch, capsys, figures, ticked):
+    from benchmarks import run_bench
+    from benchmarks.readme import BEGIN, END
+
+    def fake_pytest(command, **_):
+        """One framework's process: write the file the report reads (no benchmark runs)."""
+        json_path = next(a.split("=", 1)[1] for a in command if a.startswith("--benchmark-json="))
+        framework = next(a.split("=", 1)[1] for a in command if a.startswith("--framework="))
+        Path(json_path).write_text(json.dumps(RUNS[f"r1-{framework}.json"]))
+        return 0
+
+    monkeypatch.setattr(FakeMonitor, "figures", figures)
+    monkeypatch.setattr(run_bench, "LoadMonitor", FakeMonitor)
+    monkeypatch.setattr(run_bench.subprocess, "call", fake_pytest)
+    monkeypatch.setattr(run_bench, "REPO", tmp_path)
+    monkeypatch.setattr("benchmarks.report.write_chart", lambda summary, path: "no chart in this test")
+    (tmp_path / "README.md").write_text(f"## Speed\n\n{BEGIN}\n\nold\n\n{END}\n")
+    out = tmp_path / "results"
+    assert run_bench.main(["--rounds", "1", "--frameworks", "flowc,torch_eager", "--out", str(out), "--readme"]) == 0
+    markdown = (out / "bench.md").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    run = json.loads((out / "run.json").read_text())
+    merged = json.loads((out / "bench.json").read_text())
+    assert run["machine_load"]["load_before"] == figures.load_before
+    assert set(run["machine_load"]["per_process"]) == {"r1-flowc", "r1-torch_eager"}
+    assert merged["targets_judged"] is ticked
+    assert ("✓" in markdown) is ticked and ("✓" in readme) is ticked
+    assert ("not judged (busy machine)" in markdown) is not ticked
+    assert "other work" in capsys.readouterr().out

@@ -46,7 +46,8 @@ def test_the_section_shows_machine_date_load_and_tables():
     assert "sgemm ceiling measured in the same run: 172 GFLOP/s" in section
 
 
-def test_a_busy_run_goes_into_the_readme_without_ticks(tmp_path):
+def test_a_busy_run_goes_into_the_readme_without_ticks(tmp_path, monkeypatch):
+    monkeypatch.setattr("benchmarks.report.write_chart", lambda summary, path: "no chart in this test")
     write_report(RUNS, tmp_path, RunInfo(threads=2, machine_load=busy_load()))
     readme = tmp_path / "README.md"
     readme.write_text(README)
