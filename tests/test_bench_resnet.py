@@ -1,5 +1,5 @@
-"""The ResNet-18-style block workload: its FLOP count, flowc's job trains it, and PyTorch's model
-computes the same function (skipped where PyTorch is not installed).
+"""The ResNet-18-style block workload: its FLOP count, flowc's job trains it, and PyTorch's and
+JAX's models compute the same function (each skipped where its framework is not installed).
 
 The jobs run on small shapes (batch 4, 8x8 images): the network is the benchmark's, only the batch
 and the image size differ.
@@ -92,4 +92,33 @@ def test_pytorch_model_computes_the_same_function(jobs, data):
     with torch.no_grad():
         loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(images)), torch.from_numpy(labels).long())
     np.testing.assert_allclose(float(train_job(images, labels)), float(loss), rtol=1e-4)
+    flow.clear_default_session()
+
+
+@pytest.mark.slow          # JAX's op-by-op dispatch compiles each op: ~10 s on 2 cores
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_jax_model_computes_the_same_function(jobs, data):
+    import jax.numpy as jnp
+
+    from benchmarks.peers import jax_jit
+    flow.clear_default_session()
+    train_job, predict_job = jobs
+    images, labels = data
+    logits = predict_job(images)
+    value = default_session().value
+    params, stats = jax_jit.init_resnet()
+    for name, _, _, _, _, _, _ in RESNET_CONVS:
+        params[name + "_w"] = jnp.asarray(value(f"{name}-weight"))
+        params[name + "_gamma"] = jnp.asarray(value(f"{name}_bn-gamma"))
+        params[name + "_beta"] = jnp.asarray(value(f"{name}_bn-beta"))
+    params["fc_w"] = jnp.asarray(value("fc-weight").T)      # x @ W in JAX: (in, out)
+    params["fc_b"] = jnp.asarray(value("fc-bias"))
+    np.testing.assert_allclose(logits, np.asarray(jax_jit.resnet_predict_step(params, stats, images)),
+                               rtol=1e-4, atol=1e-4)
+    expected, new_stats = jax_jit.resnet_logits(params, stats, images, train=True)
+    log_p = np.log(np.exp(expected - expected.max(1, keepdims=True)).sum(1)) + np.asarray(expected.max(1))
+    loss = float(np.mean(log_p - np.asarray(expected)[np.arange(BATCH), labels]))
+    np.testing.assert_allclose(float(train_job(images, labels)), loss, rtol=1e-4)
+    np.testing.assert_allclose(value("conv1_bn-moving_mean"), np.asarray(new_stats["conv1_mean"]), rtol=1e-3,
+                               atol=1e-5)
     flow.clear_default_session()
