@@ -2,8 +2,8 @@
 
 Same models as the seeds and benchmarks/peers/flowc_resnet.py (see torch_models for the list).
 The train step returns the updated parameters and donates the old ones, so XLA may update them in
-place, as flowc does.  Dropout
-draws its mask from a key folded with the step number, as flowc's does from its step counter.
+place, as flowc does.  Dropout draws its mask from a key folded with the step number, as flowc's
+does from its step counter.
 """
 from __future__ import annotations
 
