@@ -19,10 +19,10 @@ from benchmarks.threads import DEFAULT_THREADS, pin
 def measure(framework: str, workload: str, threads: int) -> dict[str, object]:
     started = time.perf_counter()
     from benchmarks.peers import load       # imports NumPy: after pin()
-    from benchmarks.workloads import STEP_WORKLOADS, batch
+    from benchmarks.workloads import STEP_WORKLOADS, batch_for
     peer = load(framework)
     peer.configure(threads)
-    images, labels = batch()
+    images, labels = batch_for(workload)
     step = peer.build(STEP_WORKLOADS[workload], images, labels)
     ready = time.perf_counter()
     step()

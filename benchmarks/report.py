@@ -1,6 +1,10 @@
 """Merge a run's pytest-benchmark JSON files into bench.json, bench.md and bench.png.
 
     python -m benchmarks.report benchmarks/results/raw/*.json     # re-render without re-running
+
+What the raw files do not say (the machine's load, the environment, the code measured) comes from
+results/run.json, which run_bench writes; without it the run's load is unknown and no target is
+judged.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chart import write_chart
-from benchmarks.report_md import RunInfo, render_markdown
+from benchmarks.report_md import RunInfo, render_markdown, run_info_from_json
 from benchmarks.summary import samples_from_run, summarize
 from benchmarks.targets import evaluate
 
@@ -33,8 +37,9 @@ def write_report(runs: dict[str, dict[str, Any]], out_dir: Path, info: RunInfo |
     markdown = render_markdown(summary, info)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    merged = {"run": asdict(info), "summary": summary.to_json(),
-              "targets": [asdict(c) for c in evaluate(summary)], "raw": runs}
+    merged = {"run": asdict(info), "busy_machine": info.busy, "targets_judged": info.busy is False,
+              "summary": summary.to_json(),
+              "targets": [{**asdict(c), "mark": c.mark} for c in evaluate(summary, info.busy)], "raw": runs}
     (out_dir / "bench.json").write_text(json.dumps(merged, indent=1, sort_keys=False))
     (out_dir / "bench.md").write_text(markdown)
     notes = [f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.md'}"]
@@ -51,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", type=Path, help="pytest-benchmark --benchmark-json files")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--run-info", type=Path, help="the run's run.json (default: OUT/run.json if there)")
     args = parser.parse_args(argv)
-    markdown, notes = write_report(load_runs(args.json), args.out)
+    run_info = args.run_info or args.out / "run.json"
+    info = run_info_from_json(json.loads(run_info.read_text())) if run_info.exists() else RunInfo()
+    markdown, notes = write_report(load_runs(args.json), args.out, info)
     print(markdown)
     print("\n".join(notes))
     return 0

@@ -1,13 +1,16 @@
 """The Markdown report of a run: steps/s, GFLOP/s against the sgemm ceiling, flowc/peer ratios,
-first-call latency, async vs sync, and the issue's targets with ✓/✗."""
+first-call latency, async vs sync, per-call overhead, and the targets with ✓/✗ (on an idle
+machine; a busy one gets "not judged")."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from benchmarks.machine import MachineLoad, machine_load_from_json
 from benchmarks.peers import LABELS
 from benchmarks.summary import REFERENCE_FRAMEWORK, Summary
-from benchmarks.targets import MARK, evaluate, ratio_target
-from benchmarks.workloads import STEP_WORKLOADS
+from benchmarks.targets import MARK, evaluate, not_judged, ratio_target
+from benchmarks.workloads import BATCH, RESNET_BATCH, STEP_WORKLOADS
 
 NOT_MEASURED = "–"
 
@@ -21,8 +24,21 @@ class RunInfo:
     sgemm_size: int | None = None
     missing: dict[str, str] = field(default_factory=dict)    # framework -> why it did not run
     environment: dict[str, str] = field(default_factory=dict)  # settings every framework ran with
-    load: str = ""        # the machine's load average around the run: other work there skews everything
+    machine_load: MachineLoad | None = None     # busy or idle: targets are judged on an idle machine only
+    commit: str = ""      # the code measured (git describe of the checkout)
     warning: str = ""
+
+    @property
+    def busy(self) -> bool | None:
+        """True: the machine was busy; False: idle; None: not measured (neither judges targets)."""
+        return None if self.machine_load is None else self.machine_load.busy
+
+
+def run_info_from_json(data: dict[str, Any]) -> RunInfo:
+    """The RunInfo that `dataclasses.asdict` wrote (run.json, bench.json's "run")."""
+    known = {f.name: data[f.name] for f in fields(RunInfo) if f.name in data}
+    known["machine_load"] = machine_load_from_json(data.get("machine_load"))
+    return RunInfo(**known)
 
 
 def _label(framework: str) -> str:
@@ -52,7 +68,7 @@ def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
     lines = ["# flowc benchmarks", ""]
     lines += _preamble(summary, info)
     for section in (_steps_section, _gflops_section, _sgemm_section, _ratio_section, _first_call_section,
-                    _io_section, _targets_section):
+                    _io_section, _overhead_section, _targets_section):
         body = section(summary, info)
         if body:
             lines += [""] + body
@@ -61,17 +77,22 @@ def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
 
 def _preamble(summary: Summary, info: RunInfo) -> list[str]:
     threads = f"{info.threads} threads" if info.threads else "the same threads"
-    parts = [f"Batch 100, float32, {threads} for every framework; {summary.rounds} round(s), the frameworks "
-             "alternating A B A B, each in its own process."]
+    parts = [f"Batch {BATCH} (ResNet block: {RESNET_BATCH}), float32, {threads} for every framework; "
+             f"{summary.rounds} round(s), the frameworks alternating A B A B, each in its own process."]
     if info.machine:
-        parts.append(f"Run {info.date} on {info.machine}.")
-    if info.load:
-        parts.append(f"Load average {info.load}.")
+        parts.append(f"Run {info.date} on {info.machine}" + (f", code {info.commit}." if info.commit else "."))
+    if info.machine_load:
+        parts.append(info.machine_load.describe() + ".")
     if info.environment:
         parts.append("Environment: " + ", ".join(f"`{k}={v}`" for k, v in info.environment.items()) + ".")
     parts.append(f"Measured: {', '.join(_label(f) for f in summary.frameworks) or 'nothing'}.")
     parts += [f"Not measured: {_label(f)} ({why})." for f, why in info.missing.items()]
     lines = [" ".join(parts)]
+    verdict = not_judged(info.busy)
+    if verdict:
+        why = info.machine_load.reason if info.machine_load else "the run recorded no machine load"
+        lines += ["", f"**Taken on a {'busy machine' if info.busy else 'machine of unknown load'}** ({why}): "
+                  "the ratios below are not comparable with an idle machine's and no target is judged."]
     if info.warning:
         lines += ["", f"**Warning:** {info.warning}"]
     return lines
@@ -138,6 +159,8 @@ def _ratio_section(summary: Summary, info: RunInfo) -> list[str]:
                 cells.append(NOT_MEASURED)
             elif target is None:
                 cells.append(f"{ratio:.2f}×")
+            elif not_judged(info.busy):
+                cells.append(f"{ratio:.2f}× (target ≥ {target.minimum:g}, not judged)")
             else:
                 cells.append(f"{ratio:.2f}× (target ≥ {target.minimum:g} {MARK[ratio >= target.minimum]})")
         rows.append(cells)
@@ -182,6 +205,31 @@ def _io_section(summary: Summary, info: RunInfo) -> list[str]:
             + _table(["framework", "sync", "async", "async / sync"], rows))
 
 
+def _overhead_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.overhead:
+        return []
+    rows = []
+    for workload, per in summary.overhead.items():
+        for framework, figures in per.items():
+            call = figures["overhead_s"] + figures["kernel_s"]
+            rows.append([_title(workload), _label(framework), f"{call * 1e6:,.1f}", f"{figures['kernel_s'] * 1e6:,.1f}",
+                         f"{figures['overhead_s'] * 1e6:,.1f}"])
+    return (["## Per-call overhead (µs per call, median over rounds)", "",
+             "The step built with per-kernel timers (`FLOWC_PROFILE=1`): mean call time as the caller sees it, "
+             "mean time inside the kernels, and the difference (argument checks, binding, the foreign call, "
+             "copies out, returning to Python).", ""]
+            + _table(["workload", "framework", "call", "kernels", "overhead"], rows, left=2))
+
+
+def targets_table(summary: Summary, info: RunInfo) -> list[str]:
+    """The targets as a Markdown table: issue, target, measured, met (✓/✗, or why not judged)."""
+    rows = [[str(c.issue), c.target, c.measured, c.mark] for c in evaluate(summary, info.busy)]
+    return _table(["issue", "target", "measured", "met"], rows, left=2)
+
+
 def _targets_section(summary: Summary, info: RunInfo) -> list[str]:
-    rows = [[c.target, c.measured, MARK[c.met]] for c in evaluate(summary)]
-    return ["## Targets", ""] + _table(["target", "measured", "met"], rows, left=1)
+    return ["## Targets", ""] + targets_table(summary, info)
+
+
+# The sections the README's Speed section shows (benchmarks/readme.py), before the targets.
+README_SECTIONS = (_steps_section, _ratio_section, _first_call_section, _io_section, _overhead_section)

@@ -2,9 +2,13 @@
 
     python -m benchmarks.run_bench                        # 3 rounds of every installed framework
     python -m benchmarks.run_bench --rounds 1 --frameworks flowc,torch_eager
+    python -m benchmarks.run_bench --readme               # and put the run into README.md's Speed section
 
 Writes under benchmarks/results/: raw/ (one pytest-benchmark JSON per process), logs/ (each
-process's output), bench.json (all of it merged, with the summary), bench.md and bench.png.
+process's output), bench.json (all of it merged, with the summary), bench.md and bench.png, and
+run.json (what the raw files do not say: the machine's load, the environment, the code measured).
+The load is measured around the whole run (benchmarks/machine.py); on a busy machine the report
+says so and judges no target.
 Compile caches of the steps/s processes live in results/cache/, apart from the user's; the
 first-call benchmarks make their own empty ones.  They fill the warm cache by running the job
 in an earlier process; `flowc compile MODULE.py` fills the same entries and can take its place.
@@ -12,13 +16,17 @@ in an earlier process; `flowc compile MODULE.py` fills the same entries and can 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks.machine import LoadMonitor, load_average
 from benchmarks.peers import FRAMEWORKS, unavailable
+from benchmarks.readme import update_readme
 from benchmarks.report import load_runs, write_report
 from benchmarks.report_md import RunInfo
 from benchmarks.threads import DEFAULT_THREADS, pinned_cpus, thread_env
@@ -26,7 +34,7 @@ from benchmarks.workloads import SGEMM_SIZE
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-TEST_FILES = ("benchmarks/test_bench_steps.py", "benchmarks/test_bench_async.py")
+TEST_FILES = ("benchmarks/test_bench_steps.py", "benchmarks/test_bench_async.py", "benchmarks/test_bench_overhead.py")
 FIRST_CALL_FILE = "benchmarks/test_bench_first_call.py"
 PYTEST_NO_TESTS = 5         # pytest's exit code when everything was deselected or skipped
 
@@ -47,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="OMP_WAIT_POLICY for every framework; passive keeps OpenMP runtimes from spinning "
                              "on a machine shared with other work (default: each runtime's own default)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    parser.add_argument("--readme", action="store_true",
+                        help="rewrite the run section of README.md's Speed section (between its bench markers) "
+                             "with this run")
     return parser.parse_args(argv)
 
 
@@ -73,42 +84,53 @@ def pytest_command(args: argparse.Namespace, framework: str, round_no: int, json
             f"--latency-repeats={args.latency_repeats}"]
 
 
-def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Path, bool]:
-    """Benchmark `framework` in a fresh process; return its JSON path and whether it passed."""
+def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Path, bool, float | None]:
+    """Benchmark `framework` in a fresh process; return its JSON path, whether it passed, and the
+    share of the benchmark CPUs' time other work took meanwhile (None where unmeasurable)."""
     name = f"r{round_no + 1}-{framework}"
     json_path, log_path = args.out / "raw" / f"{name}.json", args.out / "logs" / f"{name}.log"
-    load = _load_average()
+    monitor = LoadMonitor(pinned_cpus(args.threads))
     start = time.perf_counter()
     with log_path.open("w") as log:
         code = subprocess.call(pytest_command(args, framework, round_no, json_path), cwd=REPO,
                                env=child_env(args), stdout=log, stderr=subprocess.STDOUT)
     ok = code in (0, PYTEST_NO_TESTS)
     status = "ok" if ok else f"FAILED (exit {code}), see {log_path}"
+    share = monitor.others_share()
+    others = "?" if share is None else f"{share:.0%}"
+    load = "?" if monitor.load_before is None else f"{monitor.load_before[0]:.1f}"
     print(f"  round {round_no + 1}/{args.rounds}  {framework:<14} {time.perf_counter() - start:6.1f} s  "
-          f"(load before {load})  {status}", flush=True)
+          f"(load before {load}, other work {others} of the CPUs)  {status}", flush=True)
     if not ok:
         print("\n".join(log_path.read_text().splitlines()[-15:]), flush=True)
-    return json_path, ok
+    return json_path, ok, share
 
 
-def _load_average() -> str:
-    """The 1-minute load average, which says whether other work shared the machine."""
-    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
-
-
-def busy_machine_warning(load: str, args: argparse.Namespace) -> str:
-    """A warning when other work kept the machine's CPUs busy before the run started.
+def busy_machine_warning(load: list[float] | None, args: argparse.Namespace) -> str:
+    """A warning, printed before the run, when other work kept the machine's CPUs busy.
 
     OpenMP runtimes spin while they wait for their threads; with another process on the CPU a
     spinning thread waits out whole scheduler time slices, which turns a 2 ms step into a 50 ms
-    one, differently for each framework, and no alternation cancels that.
+    one, differently for each framework, and no alternation cancels that.  The report then marks
+    the run as taken on a busy machine (benchmarks/machine.py) whatever the wait policy.
     """
     cpus = os.cpu_count() or 1
-    if load == "?" or float(load) < 0.5 * cpus or args.omp_wait_policy == "passive":
+    if load is None or load[0] <= 0.5 * cpus:
         return ""
-    return (f"the machine was busy before the run (load average {load} on {cpus} CPUs), so OpenMP threads "
-            "that spin-wait lose scheduler time slices; rerun on an idle machine, or with "
-            "--omp-wait-policy passive, before trusting these numbers.")
+    advice = "" if args.omp_wait_policy == "passive" else ", or with --omp-wait-policy passive"
+    return (f"the machine was busy before the run (load average {load[0]:.2f} on {cpus} CPUs), so OpenMP "
+            f"threads that spin-wait lose scheduler time slices; rerun on an idle machine{advice}; "
+            "the report will not judge the targets.")
+
+
+def code_commit() -> str:
+    """The checkout's commit (short hash, "-dirty" with uncommitted changes), or "" outside git."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=REPO,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,25 +145,29 @@ def main(argv: list[str] | None = None) -> int:
     for framework, why in missing.items():
         print(f"skipping {framework}: {why}")
 
-    load_before = _load_average()
-    warning = busy_machine_warning(load_before, args)
+    warning = busy_machine_warning(load_average(), args)
     if warning:
         print(f"warning: {warning}")
+    monitor = LoadMonitor(pinned_cpus(args.threads))
     start = time.perf_counter()
     print(f"benchmarking {', '.join(frameworks)}: {args.rounds} round(s), {args.threads} threads each", flush=True)
     results = [run_one(args, f, r) for r in range(args.rounds) for f in frameworks]
-    failed = [p.stem for p, ok in results if not ok]
+    failed = [p.stem for p, ok, _ in results if not ok]
 
     environment = shared_env(args)
     cpus = pinned_cpus(args.threads)
     if cpus:
         environment["CPUs"] = ",".join(map(str, cpus))
-    load = f"{load_before} before the run, {_load_average()} after it, on {os.cpu_count()} CPUs"
-    info = RunInfo(threads=args.threads, sgemm_size=SGEMM_SIZE, missing=missing, environment=environment, load=load,
-                   warning=warning)
-    markdown, notes = write_report(load_runs([p for p, _ in results if p.exists()]), args.out, info)
+    machine_load = monitor.finish()
+    machine_load.per_process = {p.stem: None if share is None else round(share, 3) for p, _, share in results}
+    info = RunInfo(threads=args.threads, sgemm_size=SGEMM_SIZE, missing=missing, environment=environment,
+                   machine_load=machine_load, commit=code_commit(), warning=warning)
+    markdown, notes = write_report(load_runs([p for p, _, _ in results if p.exists()]), args.out, info)
+    (args.out / "run.json").write_text(json.dumps(asdict(info), indent=1))     # with the date write_report found
     print("\n" + markdown)
     print("\n".join(notes))
+    if args.readme:
+        print(update_readme(args.out / "bench.json", REPO / "README.md"))
     print(f"total {time.perf_counter() - start:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

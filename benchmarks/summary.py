@@ -25,7 +25,7 @@ class Sample:
     """One benchmark of one framework in one round."""
     framework: str
     workload: str
-    kind: str                   # "steps", "sgemm", "first_call" or "io"
+    kind: str                   # "steps", "sgemm", "first_call", "io" or "overhead"
     round: int
     median_s: float             # pytest-benchmark's median seconds per timed call
     steps_per_call: int = 1
@@ -33,6 +33,8 @@ class Sample:
     variant: str = ""           # "cold" / "warm" (first_call), "sync" / "async" (io)
     first_call_s: tuple[float, ...] = ()
     compilations: tuple[int | None, ...] = ()
+    overhead_s: float | None = None     # "overhead": mean call time minus mean time inside the kernels
+    kernel_s: float | None = None       # "overhead": mean time inside the kernels per call
 
     @property
     def rate(self) -> float:
@@ -52,7 +54,8 @@ def samples_from_run(run: dict[str, Any]) -> list[Sample]:
             round=int(info.get("round", 0)), median_s=float(bench["stats"]["median"]),
             steps_per_call=int(info.get("steps_per_call", 1)), gflop_per_step=info.get("gflop"),
             variant=info.get("variant", ""), first_call_s=tuple(info.get("first_call_s", ())),
-            compilations=tuple(info.get("compilations", ()))))
+            compilations=tuple(info.get("compilations", ())),
+            overhead_s=info.get("overhead_s"), kernel_s=info.get("kernel_s")))
     return samples
 
 
@@ -68,6 +71,7 @@ class Summary:
     first_call: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # workload -> cache -> fw -> s
     warm_compilations: dict[str, dict[str, int]] = field(default_factory=dict)       # workload -> fw -> most seen
     io: dict[str, dict[str, float]] = field(default_factory=dict)         # framework -> sync/async/speedup
+    overhead: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # workload -> fw -> s
 
     @property
     def ceiling(self) -> tuple[str, float] | None:
@@ -86,6 +90,7 @@ class Summary:
             "sgemm_ceiling": None if ceiling is None else {"framework": ceiling[0], "gflop_per_s": ceiling[1]},
             "flowc_over_peer": self.ratios, "first_call_s": self.first_call,
             "compilations_after_cache_filled": self.warm_compilations, "async_vs_sync": self.io,
+            "per_call_overhead_s": self.overhead,
         }
 
 
@@ -129,6 +134,12 @@ def summarize(samples: list[Sample]) -> Summary:
         summary.sgemm[framework] = _median(s.rate * (s.gflop_per_step or 0.0) for s in rounds.values())
     _summarize_first_calls(summary, _by(samples, "first_call"))
     _summarize_io(summary, _by(samples, "io"))
+    for (workload, _, framework), rounds in _by(samples, "overhead").items():
+        measured = [s for s in rounds.values() if s.overhead_s is not None and s.kernel_s is not None]
+        if measured:
+            summary.overhead.setdefault(workload, {})[framework] = {
+                "overhead_s": _median(s.overhead_s or 0.0 for s in measured),
+                "kernel_s": _median(s.kernel_s or 0.0 for s in measured)}
     return summary
 
 

@@ -16,7 +16,7 @@ import pytest
 from benchmarks.peers import NotApplicable
 from benchmarks.settings import BenchSettings
 from benchmarks.timing import warm_up
-from benchmarks.workloads import ASYNC_WORKLOADS, STEP_WORKLOADS, batch
+from benchmarks.workloads import ASYNC_WORKLOADS, STEP_WORKLOADS, batch_for
 
 STEPS = 50
 ROUNDS = 5
@@ -28,7 +28,7 @@ _host_work: dict[str, float] = {}     # workload -> seconds: the same wait for t
 @pytest.mark.parametrize("workload", ASYNC_WORKLOADS)
 def test_host_work(benchmark: Any, peer: Any, settings: BenchSettings, record: Any, workload: str, mode: str) -> None:
     benchmark.group = f"async-vs-sync-{workload}"
-    images, labels = batch()
+    images, labels = batch_for(workload)
     try:
         submit, wait = peer.build_async(STEP_WORKLOADS[workload], images, labels)
     except NotApplicable as why:

@@ -12,13 +12,13 @@ import pytest
 from benchmarks.settings import BenchSettings
 from benchmarks.peers import NotApplicable
 from benchmarks.timing import time_step
-from benchmarks.workloads import SGEMM_SIZE, STEP_WORKLOADS, batch, sgemm_gflop
+from benchmarks.workloads import SGEMM_SIZE, STEP_WORKLOADS, batch_for, sgemm_gflop
 
 
 @pytest.mark.parametrize("workload", list(STEP_WORKLOADS))
 def test_step(benchmark: Any, peer: Any, settings: BenchSettings, record: Any, workload: str) -> None:
     benchmark.group = workload
-    images, labels = batch()
+    images, labels = batch_for(workload)
     try:
         step = peer.build(STEP_WORKLOADS[workload], images, labels)
     except NotApplicable as why:

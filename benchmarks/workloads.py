@@ -1,4 +1,5 @@
-"""What every framework runs: the seed models' steps, their FLOP counts, and the one batch they all use.
+"""What every framework runs: the seed models' steps and a ResNet-18-style block, their FLOP counts,
+and the batches they all use.
 
 FLOPs count 2 per multiply-add of the GEMMs and convolutions only (the elementwise work, the loss
 and the optimizer update are a few percent at most); that is the work a GEMM ceiling bounds, so
@@ -24,17 +25,41 @@ LENET_KERNEL = 5
 LENET_FLAT = 64 * 7 * 7
 MLP_IN, MLP_HIDDEN = 28 * 28, 512
 
+# The ResNet-18-style block (issue 19, the bridge to the model zoo): a stem conv 3x3 (3->64) + batch
+# norm + ReLU at 32x32, then a downsampling basic block: conv 3x3 stride 2 (64->128) + BN + ReLU,
+# conv 3x3 stride 1 (128->128) + BN, shortcut conv 1x1 stride 2 (64->128) + BN, add, ReLU; global
+# average pooling, dense 128->10, mean softmax cross entropy, SGD with momentum 0.9.  Convolutions
+# have no bias (batch norm follows each), padding "SAME" (pad 1 for the 3x3, 0 for the 1x1; at
+# stride 2 OneFlow's SAME puts the odd row on top, which is PyTorch's padding=1).
+RESNET_BATCH = 32
+RESNET_HW = 32
+RESNET_IN = 3
+# (name, in channels, out channels, kernel, stride, output height = width, needs the input gradient)
+RESNET_CONVS = (("stem", RESNET_IN, 64, 3, 1, 32, False),
+                ("conv1", 64, 128, 3, 2, 16, True),
+                ("conv2", 128, 128, 3, 1, 16, True),
+                ("shortcut", 64, 128, 1, 2, 16, True))
+RESNET_FEATURES = 128
+RESNET_LEARNING_RATE = 0.05
+RESNET_MOMENTUM = 0.9       # SGD momentum (OneFlow's and PyTorch's updates agree for a constant rate)
+BN_MOMENTUM = 0.9           # OneFlow's convention: moving = 0.9 * moving + 0.1 * batch (PyTorch: momentum=0.1)
+BN_EPSILON = 1e-5
+
 
 @dataclass(frozen=True)
 class Workload:
     name: str      # e.g. "mlp_train"; the key every framework module and the report use
-    model: str     # "mlp" or "lenet"
+    model: str     # "mlp", "lenet" or "resnet_block"
     mode: str      # "train" (forward, backward, SGD update, loss to host) or "predict" (logits to host)
     gflop: float   # per step
+    batch: int = BATCH
 
     @property
     def title(self) -> str:
-        return f"{'MLP' if self.model == 'mlp' else 'LeNet'} {self.mode}"
+        return f"{MODEL_TITLES.get(self.model, self.model)} {self.mode}"
+
+
+MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block"}
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -70,17 +95,31 @@ def lenet_flops(mode: str, batch: int = BATCH) -> int:
     return total
 
 
+def resnet_block_flops(mode: str, batch: int = RESNET_BATCH) -> int:
+    """The four convolutions and the dense layer; batch norm, pooling and the update are elementwise."""
+    total = 0
+    for _, c_in, c_out, kernel, _, out_hw, needs_input_grad in RESNET_CONVS:
+        total += conv_flops(batch, c_in, c_out, out_hw, kernel, mode, needs_input_grad)
+    return total + dense_flops(batch, RESNET_FEATURES, CLASSES, mode, needs_input_grad=True)
+
+
+_FLOPS = {"mlp": mlp_flops, "lenet": lenet_flops, "resnet_block": resnet_block_flops}
+
+
 def _workload(model: str, mode: str) -> Workload:
-    flops = mlp_flops(mode) if model == "mlp" else lenet_flops(mode)
-    return Workload(f"{model}_{mode}", model, mode, flops / 1e9)
+    batch_size = RESNET_BATCH if model == "resnet_block" else BATCH
+    return Workload(f"{model}_{mode}", model, mode, _FLOPS[model](mode) / 1e9, batch_size)
 
 
 STEP_WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     _workload("mlp", "train"), _workload("mlp", "predict"),
-    _workload("lenet", "train"), _workload("lenet", "predict"))}
+    _workload("lenet", "train"), _workload("lenet", "predict"),
+    _workload("resnet_block", "train"), _workload("resnet_block", "predict"))}
 
 # First-call latency is measured on the train jobs: they are the largest programs to compile.
 LATENCY_WORKLOADS = ("mlp_train", "lenet_train")
+# Per-call overhead (call time minus the time inside the kernels): the MLP predict step is the shortest.
+OVERHEAD_WORKLOADS = ("mlp_predict",)
 # Async vs sync with host work: the MLP train step is short enough for the overlap to matter.
 ASYNC_WORKLOADS = ("mlp_train",)
 
@@ -101,3 +140,18 @@ def batch() -> tuple[np.ndarray, np.ndarray]:
     first_images = np.ascontiguousarray(images[0], dtype=np.float32)
     first_labels = np.ascontiguousarray(labels[0], dtype=np.int32)
     return first_images, first_labels
+
+
+@lru_cache(maxsize=1)
+def resnet_batch() -> tuple[np.ndarray, np.ndarray]:
+    """The ResNet block's batch: float32 (32, 3, 32, 32) images (standard normal, like normalized
+    CIFAR-10 pixels) and int32 labels in [0, 10), from a fixed seed."""
+    rng = np.random.default_rng(19)
+    images = rng.standard_normal((RESNET_BATCH, RESNET_IN, RESNET_HW, RESNET_HW), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, RESNET_BATCH).astype(np.int32)
+    return images, labels
+
+
+def batch_for(workload: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (images, labels) every framework's step of `workload` takes."""
+    return resnet_batch() if STEP_WORKLOADS[workload].model == "resnet_block" else batch()

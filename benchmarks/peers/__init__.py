@@ -54,6 +54,11 @@ class Peer(Protocol):
     def build(self, workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
         """A step of `workload` on this batch; its first call may trace and compile."""
 
+    def build_profiled(self, workload: Workload, images: np.ndarray,
+                       labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+        """(a step built with per-kernel timers, seconds spent inside its kernels so far); raises
+        NotApplicable where the framework cannot tell kernel time from call time."""
+
     def build_sgemm(self, n: int) -> Step:
         """One float32 n x n x n product through the framework's own GEMM."""
 

@@ -1,13 +1,14 @@
-"""JAX: the seed models as pure functions, each step one `jax.jit` program (XLA CPU).
+"""JAX: the seed models and the ResNet block as pure functions, each step one `jax.jit` program (XLA CPU).
 
-Same models as the seeds (see torch_models for the list).  The train step returns the updated
-parameters and donates the old ones, so XLA may update them in place, as flowc does.  Dropout
-draws its mask from a key folded with the step number, as flowc's does from its step counter.
+Same models as the seeds and benchmarks/peers/flowc_resnet.py (see torch_models for the list).
+The train step returns the updated parameters and donates the old ones, so XLA may update them in
+place, as flowc does.  Dropout draws its mask from a key folded with the step number, as flowc's
+does from its step counter.
 """
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +16,9 @@ import numpy as np
 from jax import lax
 
 from benchmarks.peers import NotApplicable, Step
-from benchmarks.workloads import (CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE, LENET_FLAT, LENET_KERNEL,
-                                  MLP_HIDDEN, MLP_IN, Workload)
+from benchmarks.workloads import (BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
+                                  LENET_FLAT, LENET_KERNEL, MLP_HIDDEN, MLP_IN, RESNET_CONVS, RESNET_FEATURES,
+                                  RESNET_LEARNING_RATE, RESNET_MOMENTUM, Workload)
 
 Params = dict[str, jax.Array]
 
@@ -85,6 +87,82 @@ def predict_step(params: Params, x: jax.Array) -> jax.Array:
     return logits_of(params, x, None)
 
 
+# The ResNet block: trained parameters, and the batch norms' moving statistics (updated, not trained).
+_RESNET_GEOMETRY = {name: (stride, kernel // 2) for name, _, _, kernel, stride, _, _ in RESNET_CONVS}
+
+
+def init_resnet() -> tuple[Params, Params]:
+    """(parameters, moving statistics) of the block, drawn as the other models' are."""
+    rng = np.random.default_rng(0)
+    params: Params = {}
+    stats: Params = {}
+    for name, c_in, c_out, kernel, _, _, _ in RESNET_CONVS:
+        params[name + "_w"] = jnp.asarray(_weight(rng, (c_out, c_in, kernel, kernel)))
+        params[name + "_gamma"] = jnp.ones(c_out, jnp.float32)
+        params[name + "_beta"] = jnp.zeros(c_out, jnp.float32)
+        stats[name + "_mean"] = jnp.zeros(c_out, jnp.float32)
+        stats[name + "_var"] = jnp.ones(c_out, jnp.float32)
+    params["fc_w"] = jnp.asarray(_weight(rng, (RESNET_FEATURES, CLASSES)))
+    params["fc_b"] = jnp.zeros(CLASSES, jnp.float32)
+    return params, stats
+
+
+def _conv_bn(params: Params, stats: Params, new_stats: Params, x: jax.Array, name: str, train: bool) -> jax.Array:
+    stride, pad = _RESNET_GEOMETRY[name]
+    y = lax.conv_general_dilated(x, params[name + "_w"], (stride, stride), ((pad, pad), (pad, pad)),
+                                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    if train:                   # batch statistics (biased variance), and the moving ones updated from them
+        mean, var = y.mean((0, 2, 3)), y.var((0, 2, 3))
+        for key, batch_value in (("_mean", mean), ("_var", var)):
+            new_stats[name + key] = (BN_MOMENTUM * stats[name + key]
+                                     + (1 - BN_MOMENTUM) * lax.stop_gradient(batch_value))
+    else:
+        mean, var = stats[name + "_mean"], stats[name + "_var"]
+    scale = params[name + "_gamma"] * lax.rsqrt(var + BN_EPSILON)
+    return (y - mean[None, :, None, None]) * scale[None, :, None, None] + params[name + "_beta"][None, :, None, None]
+
+
+def resnet_logits(params: Params, stats: Params, x: jax.Array, train: bool) -> tuple[jax.Array, Params]:
+    """Forward pass of the block; (logits, the moving statistics after this step)."""
+    new_stats: Params = dict(stats)
+    h = jax.nn.relu(_conv_bn(params, stats, new_stats, x, "stem", train))
+    residual = jax.nn.relu(_conv_bn(params, stats, new_stats, h, "conv1", train))
+    residual = _conv_bn(params, stats, new_stats, residual, "conv2", train)
+    y = jax.nn.relu(residual + _conv_bn(params, stats, new_stats, h, "shortcut", train))
+    return y.mean((2, 3)) @ params["fc_w"] + params["fc_b"], new_stats
+
+
+@partial(jax.jit, donate_argnums=(0, 1, 2))
+def resnet_train_step(params: Params, velocity: Params, stats: Params, x: jax.Array,
+                      y: jax.Array) -> tuple[Params, Params, Params, jax.Array]:
+    def loss_of(p: Params) -> tuple[jax.Array, Params]:
+        logits, new_stats = resnet_logits(p, stats, x, train=True)
+        log_p = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(log_p, y[:, None], axis=1)), new_stats
+    (loss, new_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    velocity = jax.tree.map(lambda v, g: RESNET_MOMENTUM * v + g, velocity, grads)
+    params = jax.tree.map(lambda w, v: w - RESNET_LEARNING_RATE * v, params, velocity)
+    return params, velocity, new_stats, loss
+
+
+@jax.jit
+def resnet_predict_step(params: Params, stats: Params, x: jax.Array) -> jax.Array:
+    return resnet_logits(params, stats, x, train=False)[0]
+
+
+def _build_resnet(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    params, stats = init_resnet()
+    if workload.mode == "predict":
+        return lambda: np.asarray(resnet_predict_step(params, stats, images))
+    state = {"params": params, "velocity": jax.tree.map(jnp.zeros_like, params), "stats": stats}
+
+    def step() -> np.ndarray:
+        state["params"], state["velocity"], state["stats"], loss = resnet_train_step(
+            state["params"], state["velocity"], state["stats"], images, labels)
+        return np.asarray(loss)
+    return step
+
+
 def configure(threads: int) -> None:
     # XLA's CPU client sizes its thread pool from the CPUs this process may use (benchmarks.threads.pin).
     pass
@@ -107,6 +185,8 @@ def _trainer(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tupl
 
 
 def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    if workload.model == "resnet_block":
+        return _build_resnet(workload, images, labels)
     if workload.mode == "train":
         dispatch, _ = _trainer(workload, images, labels)
         return lambda: np.asarray(dispatch())          # np.asarray waits for the step: a synchronous call
@@ -127,6 +207,10 @@ def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> t
         raise NotApplicable("asynchronous steps are measured on train steps")
     dispatch, state = _trainer(workload, images, labels)
     return dispatch, lambda: state["loss"].block_until_ready()
+
+
+def build_profiled(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+    raise NotApplicable("XLA has no per-step kernel timers comparable to flowc's")
 
 
 def cache_env(directory: str) -> dict[str, str] | None:

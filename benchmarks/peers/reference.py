@@ -5,11 +5,13 @@ same graph op by op in NumPy (whose BLAS does the GEMMs).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 import flow
 from benchmarks.peers import NotApplicable, Step, flowc_jobs
-from benchmarks.workloads import LEARNING_RATE, Workload
+from benchmarks.workloads import LEARNING_RATE, RESNET_LEARNING_RATE, Workload
 from flowc.compiler.reference import run_reference
 from flowc.runtime.session import default_session
 
@@ -23,14 +25,16 @@ def reset() -> None:
     flow.clear_default_session()
 
 
-def _scalars(graph, step: int) -> dict[str, float]:
+def _scalars(graph, step: int, rate: float) -> dict[str, float]:
     """The runtime scalars a train graph reads, under its names ("learning_rate:float32", "train_step")."""
-    values = {"learning_rate": LEARNING_RATE, "train_step": step}
+    values = {"learning_rate": rate, "train_step": step}
     return {name: values[name.split(":")[0]] for name in graph.scalars}
 
 
 def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
     job = flowc_jobs.job(workload.name)
+    inputs = list(flowc_jobs.arguments(workload, images, labels))
+    rate = RESNET_LEARNING_RATE if workload.model == "resnet_block" else LEARNING_RATE
     state: dict = {}
 
     def step() -> list[np.ndarray]:
@@ -40,7 +44,7 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
             state.update(graph=graph, step=0,
                          values={name: session.value(name).copy() for name in graph.variables})
         graph = state["graph"]
-        outputs, updates = run_reference(graph, [images, labels], state["values"], _scalars(graph, state["step"]))
+        outputs, updates = run_reference(graph, inputs, state["values"], _scalars(graph, state["step"], rate))
         state["values"].update(updates)
         state["step"] += 1
         return outputs
@@ -57,6 +61,10 @@ def build_sgemm(n: int) -> Step:
 
 def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Step]:
     raise NotApplicable("the reference executor has no asynchronous calls")
+
+
+def build_profiled(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+    raise NotApplicable("the reference executor runs no compiled kernels")
 
 
 def cache_env(directory: str) -> dict[str, str] | None:

@@ -1,6 +1,8 @@
 """torch.compile (default mode: TorchDynamo + Inductor's C++/OpenMP code generation) of the seed models."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from benchmarks.peers import NotApplicable, Step, torch_models
@@ -25,6 +27,10 @@ def build_sgemm(n: int) -> Step:
 
 def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Step]:
     raise NotApplicable("compiled PyTorch steps on the CPU return when they are done: no asynchronous steps")
+
+
+def build_profiled(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+    raise NotApplicable("torch.compile has no per-step kernel timers comparable to flowc's")
 
 
 def cache_env(directory: str) -> dict[str, str] | None:

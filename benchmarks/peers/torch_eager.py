@@ -1,6 +1,8 @@
 """PyTorch eager: the seed models op by op, each op a call into ATen (oneDNN / MKL kernels)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from benchmarks.peers import NotApplicable, Step, torch_models
@@ -20,6 +22,10 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
 
 def build_async(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Step]:
     raise NotApplicable("PyTorch on the CPU finishes each op before the call returns: no asynchronous steps")
+
+
+def build_profiled(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[Step, Callable[[], float]]:
+    raise NotApplicable("PyTorch eager has no per-step kernel timers comparable to flowc's")
 
 
 def cache_env(directory: str) -> dict[str, str] | None:

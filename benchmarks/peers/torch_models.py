@@ -1,10 +1,15 @@
-"""The seed MLP and LeNet in PyTorch, layer for layer, and their train / predict steps.
+"""The seed MLP and LeNet and the ResNet-18-style block in PyTorch, layer for layer, and their
+train / predict steps.
 
 Same as the seeds: layer sizes, ReLU, 2x2 max pooling, LeNet's dropout(0.5) in training,
 truncated-normal(0.1) weights and zero biases, mean sparse softmax cross entropy, plain SGD
 (lr 0.1, momentum 0).  torch_eager and torch_compile differ only in whether the forward pass and
 loss go through torch.compile (its backward is then compiled too, by AOTAutograd); the optimizer
 step stays eager, as in PyTorch's own training recipes.
+
+The ResNet block is benchmarks/peers/flowc_resnet.py's network: convolutions without bias (padding
+1 for the 3x3s, which at stride 2 is OneFlow's "SAME"), BatchNorm2d with the same epsilon and
+momentum (PyTorch counts momentum the other way round), SGD with momentum 0.9.
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.peers import Step
-from benchmarks.workloads import (CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE, LENET_FLAT, LENET_KERNEL,
-                                  MLP_HIDDEN, MLP_IN, Workload)
+from benchmarks.workloads import (BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
+                                  LENET_FLAT, LENET_KERNEL, MLP_HIDDEN, MLP_IN, RESNET_CONVS, RESNET_FEATURES,
+                                  RESNET_LEARNING_RATE, RESNET_MOMENTUM, Workload)
 
 
 class MLP(nn.Module):
@@ -47,13 +53,41 @@ class LeNet(nn.Module):
         return self.dense2(self.dropout(x))
 
 
+class ConvBN(nn.Sequential):
+    """conv (no bias) -> batch norm, named as flowc names them ("<name>" and "<name>_bn")."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int) -> None:
+        super().__init__(nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False),
+                         nn.BatchNorm2d(c_out, eps=BN_EPSILON, momentum=1 - BN_MOMENTUM))
+
+
+class ResNetBlock(nn.Module):
+    """Stem, one downsampling basic block with a 1x1 strided shortcut, global average pooling, dense."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name, c_in, c_out, kernel, stride, _, _ in RESNET_CONVS:
+            self.add_module(name, ConvBN(c_in, c_out, kernel, stride))
+        self.fc = nn.Linear(RESNET_FEATURES, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        residual = self.conv2(F.relu(self.conv1(x)))
+        y = F.relu(residual + self.shortcut(x))
+        return self.fc(y.mean((2, 3)))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"mlp": MLP, "lenet": LeNet, "resnet_block": ResNetBlock}
+
+
 def make_model(name: str) -> nn.Module:
     torch.manual_seed(0)
-    model = MLP() if name == "mlp" else LeNet()
+    model = MODELS[name]()
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             nn.init.trunc_normal_(module.weight, std=INIT_STDDEV, a=-2 * INIT_STDDEV, b=2 * INIT_STDDEV)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
     return model
 
 
@@ -71,7 +105,10 @@ def _train_step(model: nn.Module, images: np.ndarray, labels: np.ndarray, compil
         return F.cross_entropy(model(x), y)          # mean over the batch
 
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.compile(loss_of) if compiled else loss_of
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0)
+    if isinstance(model, ResNetBlock):
+        optimizer = torch.optim.SGD(model.parameters(), lr=RESNET_LEARNING_RATE, momentum=RESNET_MOMENTUM)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0)
 
     def step() -> np.ndarray:
         x = torch.from_numpy(images)
