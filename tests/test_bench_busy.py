@@ -145,6 +145,7 @@ def test_the_driver_records_the_load_and_judges_only_an_idle_run(tmp_path, monke
 
     monkeypatch.setattr(FakeMonitor, "figures", figures)
     monkeypatch.setattr(run_bench, "LoadMonitor", FakeMonitor)
+    monkeypatch.setattr(run_bench, "unavailable", lambda framework: None)   # no peer need be installed
     monkeypatch.setattr(run_bench.subprocess, "call", fake_pytest)
     monkeypatch.setattr(run_bench, "REPO", tmp_path)
     monkeypatch.setattr("benchmarks.report.write_chart", lambda summary, path: "no chart in this test")
