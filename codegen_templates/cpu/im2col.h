@@ -229,7 +229,30 @@ inline void conv_kernel_6x16(int K, const float* s0, const float* s1, const floa
 #endif
 FLOWC_CONV_EXPORT void pack_panels_f32(const float* from, const int* n_off, int N, const int* k_off, int K,
                                        float* dst) {
-  pack_panels_generic(from, n_off, N, k_off, K, dst);
+  // Consecutive k offsets (dy's rows, the forward's weights): 16 rows x 8 k through two 8x8
+  // register transposes, instead of 128 scalar copies with 64-byte strided stores.
+  bool consecutive = K > 0;
+  for (int k = 1; k < K && consecutive; ++k) consecutive = k_off[k] == k_off[0] + k;
+  if (!consecutive) {
+    pack_panels_generic(from, n_off, N, k_off, K, dst);
+    return;
+  }
+  using gemm_detail::v8f;
+  for (int n0 = 0; n0 < N; n0 += kConvNR, dst += (size_t)kConvNR * K) {
+    const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
+    const float* rows[kConvNR];
+    for (int c = 0; c < kConvNR; ++c) rows[c] = c < nv ? from + n_off[n0 + c] + k_off[0] : nullptr;
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+      for (int h = 0; h < kConvNR; h += 8) {
+        v8f r[8];
+        for (int q = 0; q < 8; ++q) r[q] = rows[h + q] ? gemm_detail::loadu(rows[h + q] + k) : v8f{};
+        gemm_detail::transpose8(r);
+        for (int q = 0; q < 8; ++q) gemm_detail::storeu(dst + (size_t)(k + q) * kConvNR + h, r[q]);
+      }
+    for (; k < K; ++k)
+      for (int c = 0; c < kConvNR; ++c) dst[(size_t)k * kConvNR + c] = rows[c] ? rows[c][k] : 0.0f;
+  }
 }
 
 FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M, const int* k_off, int K,
@@ -249,9 +272,26 @@ FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M,
         continue;
       }
       gemm_detail::conv_kernel_6x16(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp, tile, kConvNR, false);
-      for (int c = 0; c < nv; ++c) {
-        float* o = out + (n0 + c) * ldo + m0;
-        for (int r = 0; r < mv; ++r) o[r] = tile[r * kConvNR + c];
+      // Transposed out, 8 columns at a time through an 8x8 register transpose.  When 8 floats fit
+      // before the row's end, each column goes out as one 8-wide store whose last 2 floats are
+      // junk: they belong to the next tile of the same rows, which overwrites them.
+      const bool wide = m0 + 8 <= M;
+      for (int h = 0; h < kConvNR && h < nv; h += 8) {
+        gemm_detail::v8f r[8];
+        for (int q = 0; q < kConvMR; ++q) r[q] = gemm_detail::load(tile + q * kConvNR + h);
+        r[6] = r[7] = gemm_detail::v8f{};
+        gemm_detail::transpose8(r);
+        const int cv = nv - h < 8 ? nv - h : 8;
+        for (int q = 0; q < cv; ++q) {
+          float* o = out + (n0 + h + q) * ldo + m0;
+          if (wide) {
+            gemm_detail::storeu(o, r[q]);
+          } else {
+            alignas(32) float col[8];
+            gemm_detail::store(col, r[q]);
+            for (int i = 0; i < mv; ++i) o[i] = col[i];
+          }
+        }
       }
     }
   }
