@@ -92,6 +92,7 @@ def test_float64_runs_the_portable_loops():
     assert_outputs_match(case.compiled, case.reference)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_input_gradient_with_infinite_weight_matches_reference_nan_for_nan():
     """A non-finite weight: the stride-1 input gradient must not multiply it by dy's padding (the
     reference has no such term), so NaN appears exactly where the reference has it."""
