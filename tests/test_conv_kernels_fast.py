@@ -1,7 +1,8 @@
 """The CPU convolution kernels (conv_tiles in im2col.h) against the NumPy reference on random inputs.
 
 Forward, input gradient and filter gradient of every kernel variant the templates choose between:
-stride 1 (the input gradient as a flipped convolution of dy) and stride 2 (col2im), 1x1 with and
+stride 1 (the input gradient as a flipped convolution of dy) and strides 2 and 3 (one convolution
+per phase of the input pixels, phases without taps included), 1x1 with and
 without padding (a padding larger than the flipped kernel's reach crops dy), dilation, groups,
 depthwise, NHWC, filter and channel counts that are not multiples of the 16-wide panels, pixel
 counts that are not multiples of the 6-row tiles, contractions longer than one panel of B, a fused
@@ -41,6 +42,11 @@ VARIANTS = {
                        rand(2, 4, 8, 7), rand(18, 4, 3, 2)),
     "dilated_stride2": (lambda x, w: flow.nn.conv2d(x, w, 2, pads(2, 2, 2, 2), dilations=2),
                         rand(2, 3, 9, 9), rand(6, 3, 3, 3)),
+    "stride3_1x1": (lambda x, w: flow.nn.conv2d(x, w, 3, "VALID"), rand(2, 4, 8, 7), rand(5, 4, 1, 1)),
+    "stride3_2x2_padded": (lambda x, w: flow.nn.conv2d(x, w, [3, 2], pads(1, 0, 2, 1)),
+                           rand(2, 3, 10, 9), rand(6, 3, 2, 2)),
+    "strided_groups": (lambda x, w: flow.nn.conv2d(x, w, 2, pads(1, 1, 1, 1), groups=2),
+                       rand(2, 4, 7, 8), rand(34, 2, 3, 3)),
     "groups": (lambda x, w: flow.nn.conv2d(x, w, 1, "SAME", groups=4), rand(2, 8, 6, 6), rand(36, 2, 3, 3)),
     "depthwise": (lambda x, w: flow.nn.conv2d(x, w, 1, "SAME", groups=6), rand(2, 6, 5, 5), rand(6, 1, 3, 3)),
     "nhwc": (lambda x, w: flow.nn.conv2d(x, w, 1, "SAME", data_format="NHWC"), rand(2, 6, 6, 5), rand(17, 3, 3, 5)),
@@ -49,7 +55,8 @@ VARIANTS = {
 }
 GROUPS = {
     "plain": ["lenet_conv2_like", "filters_not_16", "1x1_stride1", "valid_crop", "one_image"],
-    "strided": ["stride2_3x3", "stride2_1x1", "strides_1_2", "dilated_stride2"],
+    "strided": ["stride2_3x3", "stride2_1x1", "strides_1_2", "dilated_stride2", "stride3_1x1",
+                "stride3_2x2_padded", "strided_groups"],
     "layouts": ["1x1_padded", "dilated_uneven", "groups", "depthwise", "nhwc"],
 }
 

@@ -115,6 +115,81 @@ inline std::vector<int> flipped_taps(int64_t F, int64_t Cg, int64_t KH, int64_t 
   return v;
 }
 
+// The input gradient of a strided convolution as sh*sw stride-1 convolutions of dy, one per phase
+// (a, b) of the input pixels (qh, qw) = (a + sh*u, b + sw*v): tap (i, j) reaches such a pixel from
+// dy pixel (u + ri, v + rj) with ri = (a + pt - i*dh) / sh whenever that division is exact, so a
+// phase is a convolution over dy (padded as every phase needs) with only those taps.  conv_tiles
+// writes a phase's pixels contiguously; `out` then scatters them into dx.  g is the forward's
+// geometry with C = the group's input channels; F the group's filters.
+struct StridedInputGrad {
+  struct Phase {
+    std::vector<int> pixel, out;  // per phase pixel: offset in a padded dy plane, and in a dx plane
+    std::vector<int> tap, wcol;   // per tap (f, i, j): offset in the padded dy, and in the weights
+  };
+  int64_t F, Hp, Wp, padT, padL, OH, OW;
+  std::vector<Phase> phases;
+
+  StridedInputGrad(const ConvGeometry& g, int64_t filters) : F(filters), OH(g.OH), OW(g.OW) {
+    auto reach = [](int64_t phase, int64_t pad, int64_t t, int64_t d, int64_t s, int64_t& r) {
+      const int64_t x = phase + pad - t * d;
+      if (((x % s) + s) % s) return false;
+      r = (x - ((x % s) + s) % s) / s;  // exact: x is a multiple of s
+      return true;
+    };
+    // Padding that every phase's reads fit in: rows ri .. ri + U - 1 of dy for each valid tap.
+    int64_t lo_h = 0, hi_h = g.OH, lo_w = 0, hi_w = g.OW, r;
+    for (int64_t a = 0; a < g.sh; ++a)
+      for (int64_t i = 0; i < g.KH; ++i)
+        if (a < g.H && reach(a, g.pt, i, g.dh, g.sh, r)) {
+          lo_h = std::min(lo_h, r);
+          hi_h = std::max(hi_h, r + (g.H - a + g.sh - 1) / g.sh);
+        }
+    for (int64_t b = 0; b < g.sw; ++b)
+      for (int64_t j = 0; j < g.KW; ++j)
+        if (b < g.W && reach(b, g.pl, j, g.dw, g.sw, r)) {
+          lo_w = std::min(lo_w, r);
+          hi_w = std::max(hi_w, r + (g.W - b + g.sw - 1) / g.sw);
+        }
+    padT = -lo_h;
+    padL = -lo_w;
+    Hp = hi_h - lo_h;
+    Wp = hi_w - lo_w;
+    for (int64_t a = 0; a < std::min(g.sh, g.H); ++a)
+      for (int64_t b = 0; b < std::min(g.sw, g.W); ++b) {
+        Phase ph;
+        for (int64_t u = 0; a + g.sh * u < g.H; ++u)
+          for (int64_t v = 0; b + g.sw * v < g.W; ++v) {
+            ph.pixel.push_back((int)(u * Wp + v));
+            ph.out.push_back((int)((a + g.sh * u) * g.W + b + g.sw * v));
+          }
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t i = 0; i < g.KH; ++i) {
+            int64_t ri, rj;
+            if (!reach(a, g.pt, i, g.dh, g.sh, ri)) continue;
+            for (int64_t j = 0; j < g.KW; ++j) {
+              if (!reach(b, g.pl, j, g.dw, g.sw, rj)) continue;
+              ph.tap.push_back((int)(f * Hp * Wp + (ri + padT) * Wp + rj + padL));
+              ph.wcol.push_back((int)(f * g.C * g.KH * g.KW + i * g.KW + j));
+            }
+          }
+        phases.push_back(std::move(ph));
+      }
+  }
+
+  // dy of one image's group (F planes of OH x OW) copied into scratch's padded planes; the border is
+  // zeroed when the scratch is first sized and never written after (one geometry per scratch).
+  template <class T>
+  const T* padded(const T* dy, std::vector<T>& scratch) const {
+    const size_t plane = (size_t)(Hp * Wp);
+    if (scratch.size() < F * plane) scratch.assign(F * plane, T(0));
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t h = 0; h < OH; ++h)
+        std::memcpy(scratch.data() + f * plane + (h + padT) * Wp + padL, dy + (f * OH + h) * OW,
+                    sizeof(T) * (size_t)OW);
+    return scratch.data();
+  }
+};
+
 // Whether none of x[0, n) is NaN or infinite (x - x is 0 exactly for the finite values).
 template <class T>
 inline bool all_finite(const T* x, int64_t n) {
