@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import flow
+import flow.typing as tp
 from tests.oracle import compile_case
 from tests.test_ops import assert_outputs_match
 
@@ -112,3 +113,16 @@ def test_input_gradient_with_infinite_weight_matches_reference_nan_for_nan():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_output_gradient_too_large_for_32_bit_offsets_is_refused():
+    """Many filters on a small input: the input's padded group fits 32-bit offsets, the output
+    gradient's (which the input gradient reads through conv_tiles) does not."""
+    @flow.global_function(type="predict")
+    def many_filters(x: tp.Numpy.Placeholder((1, 1, 1024, 1024))) -> tp.Numpy:
+        w = flow.get_variable("many_filters_w", shape=(4096, 1, 3, 3), initializer=flow.zeros_initializer())
+        return flow.nn.conv2d(x, w, strides=1, padding="SAME")
+
+    with pytest.raises(flow.TraceError) as info:
+        many_filters.lower()
+    assert "output-gradient" in str(info.value) and "2**31" in str(info.value)
