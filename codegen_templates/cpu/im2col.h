@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "flowc_gemm.h"
+
 namespace flowc {
 
 struct ConvGeometry {
@@ -63,16 +65,338 @@ struct ImplicitConv {
     if (!padded) return x;
     const size_t plane = (size_t)(Hp * Wp);
     if (scratch.size() < g.C * plane) scratch.assign(g.C * plane, T(0));
-    const int64_t rows = std::min(g.H, Hp - g.pt), cols = std::min(g.W, Wp - g.pl);
+    // A negative padding (the input gradient's view of dy, im2col.h's users) crops instead.
+    const int64_t rows = std::min(g.H, Hp - g.pt), col0 = std::max<int64_t>(0, -g.pl);
+    const int64_t cols = std::min(g.W, Wp - g.pl) - col0;
     for (int64_t c = 0; c < g.C; ++c)
       for (int64_t ih = std::max<int64_t>(0, -g.pt); ih < rows; ++ih) {
-        const T* src = x + (c * g.H + ih) * g.W;
-        T* dst = scratch.data() + c * plane + (ih + g.pt) * Wp + g.pl;
+        const T* src = x + (c * g.H + ih) * g.W + col0;
+        T* dst = scratch.data() + c * plane + (ih + g.pt) * Wp + g.pl + col0;
         std::memcpy(dst, src, sizeof(T) * (size_t)std::max<int64_t>(0, cols));
       }
     return scratch.data();
   }
 };
+
+// ---------------------------------------------------------------------------------------------
+// Direct convolution tiles: the forward convolution, the stride-1 input gradient and the filter
+// gradient all have the form
+//   R(m, n) = sum_k src[m_off[m] + k_off[k]] * B(k, n)
+// with src one image's (padded) channel group read through two offset tables, and B a matrix
+// packed once into 16-column panels (pack_panels: B(k, n) = from[n_off[n] + k_off[k]]):
+//   forward:         m = output pixel, k = (c, i, j) tap,     n = filter;  B = the weights
+//   input gradient:  m = input pixel,  k = (f, i, j) tap of dy, n = channel; B = flipped weights
+//   filter gradient: m = (c, i, j) tap, k = output pixel,     n = filter;  B = dy of the image
+// The 6x16 micro-kernel broadcasts the src values of 6 rows m (6 base pointers, one shared
+// offset k_off[k] per step) against two 8-wide loads of the packed B: no column matrix and no
+// packing of the image, 6 x 16 = 96 accumulators in 12 registers.  The M tiling wastes at most 5
+// rows (the forward's 196 pixels run as 198), the N tiling nothing when the filters are a
+// multiple of 16.  Results go out either transposed (out[n * ldo + m], the NCHW layout of the
+// forward and input gradient, only the valid rows and columns) or added as rows
+// (out[m * ldo + n], 16 columns per row: the filter gradient's per-thread [taps][filters] sums).
+// ---------------------------------------------------------------------------------------------
+constexpr int kConvNR = 16;  // B panel width
+constexpr int kConvMR = 6;   // rows per micro-tile
+
+// {0, step, 2 * step, ...}: n offsets, the row starts of a row-major matrix (or 0..n-1 for step 1).
+inline std::vector<int> iota_offsets(int64_t n, int64_t step) {
+  std::vector<int> v((size_t)n);
+  for (int64_t i = 0; i < n; ++i) v[(size_t)i] = (int)(i * step);
+  return v;
+}
+
+// The column offsets of the input gradient's B: for k = (f, i, j), where W[f, c, KH-1-i, KW-1-j]
+// lies in the weights [F, Cg, KH, KW] relative to channel c's first tap.
+inline std::vector<int> flipped_taps(int64_t F, int64_t Cg, int64_t KH, int64_t KW) {
+  std::vector<int> v;
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t i = 0; i < KH; ++i)
+      for (int64_t j = 0; j < KW; ++j) v.push_back((int)(f * Cg * KH * KW + (KH - 1 - i) * KW + (KW - 1 - j)));
+  return v;
+}
+
+// The input gradient of a strided convolution as sh*sw stride-1 convolutions of dy, one per phase
+// (a, b) of the input pixels (qh, qw) = (a + sh*u, b + sw*v): tap (i, j) reaches such a pixel from
+// dy pixel (u + ri, v + rj) with ri = (a + pt - i*dh) / sh whenever that division is exact, so a
+// phase is a convolution over dy (padded as every phase needs) with only those taps.  conv_tiles
+// writes a phase's pixels contiguously; `out` then scatters them into dx.  g is the forward's
+// geometry with C = the group's input channels; F the group's filters.
+struct StridedInputGrad {
+  struct Phase {
+    std::vector<int> pixel, out;  // per phase pixel: offset in a padded dy plane, and in a dx plane
+    std::vector<int> tap, wcol;   // per tap (f, i, j): offset in the padded dy, and in the weights
+  };
+  int64_t F, Hp, Wp, padT, padL, OH, OW;
+  std::vector<Phase> phases;
+
+  StridedInputGrad(const ConvGeometry& g, int64_t filters) : F(filters), OH(g.OH), OW(g.OW) {
+    auto reach = [](int64_t phase, int64_t pad, int64_t t, int64_t d, int64_t s, int64_t& r) {
+      const int64_t x = phase + pad - t * d;
+      if (((x % s) + s) % s) return false;
+      r = (x - ((x % s) + s) % s) / s;  // exact: x is a multiple of s
+      return true;
+    };
+    // Padding that every phase's reads fit in: rows ri .. ri + U - 1 of dy for each valid tap.
+    int64_t lo_h = 0, hi_h = g.OH, lo_w = 0, hi_w = g.OW, r;
+    for (int64_t a = 0; a < g.sh; ++a)
+      for (int64_t i = 0; i < g.KH; ++i)
+        if (a < g.H && reach(a, g.pt, i, g.dh, g.sh, r)) {
+          lo_h = std::min(lo_h, r);
+          hi_h = std::max(hi_h, r + (g.H - a + g.sh - 1) / g.sh);
+        }
+    for (int64_t b = 0; b < g.sw; ++b)
+      for (int64_t j = 0; j < g.KW; ++j)
+        if (b < g.W && reach(b, g.pl, j, g.dw, g.sw, r)) {
+          lo_w = std::min(lo_w, r);
+          hi_w = std::max(hi_w, r + (g.W - b + g.sw - 1) / g.sw);
+        }
+    padT = -lo_h;
+    padL = -lo_w;
+    Hp = hi_h - lo_h;
+    Wp = hi_w - lo_w;
+    for (int64_t a = 0; a < std::min(g.sh, g.H); ++a)
+      for (int64_t b = 0; b < std::min(g.sw, g.W); ++b) {
+        Phase ph;
+        for (int64_t u = 0; a + g.sh * u < g.H; ++u)
+          for (int64_t v = 0; b + g.sw * v < g.W; ++v) {
+            ph.pixel.push_back((int)(u * Wp + v));
+            ph.out.push_back((int)((a + g.sh * u) * g.W + b + g.sw * v));
+          }
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t i = 0; i < g.KH; ++i) {
+            int64_t ri, rj;
+            if (!reach(a, g.pt, i, g.dh, g.sh, ri)) continue;
+            for (int64_t j = 0; j < g.KW; ++j) {
+              if (!reach(b, g.pl, j, g.dw, g.sw, rj)) continue;
+              ph.tap.push_back((int)(f * Hp * Wp + (ri + padT) * Wp + rj + padL));
+              ph.wcol.push_back((int)(f * g.C * g.KH * g.KW + i * g.KW + j));
+            }
+          }
+        phases.push_back(std::move(ph));
+      }
+  }
+
+  // dy of one image's group (F planes of OH x OW) copied into scratch's padded planes; the border is
+  // zeroed when the scratch is first sized and never written after (one geometry per scratch).
+  template <class T>
+  const T* padded(const T* dy, std::vector<T>& scratch) const {
+    const size_t plane = (size_t)(Hp * Wp);
+    if (scratch.size() < F * plane) scratch.assign(F * plane, T(0));
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t h = 0; h < OH; ++h)
+        std::memcpy(scratch.data() + f * plane + (h + padT) * Wp + padL, dy + (f * OH + h) * OW,
+                    sizeof(T) * (size_t)OW);
+    return scratch.data();
+  }
+};
+
+// Whether none of x[0, n) is NaN or infinite (x - x is 0 exactly for the finite values).
+template <class T>
+inline bool all_finite(const T* x, int64_t n) {
+  T bad = T(0);
+  for (int64_t i = 0; i < n; ++i) bad += x[i] - x[i];
+  return bad == T(0);
+}
+
+constexpr int64_t conv_panel_floats(int64_t n, int64_t k) {
+  return (n + kConvNR - 1) / kConvNR * kConvNR * k;
+}
+
+// dst[(n / 16) * K * 16 + k * 16 + n % 16] = from[n_off[n] + k_off[k]]; columns n >= N are 0.
+template <class T>
+inline void pack_panels_generic(const T* from, const int* n_off, int N, const int* k_off, int K, T* dst) {
+  for (int n0 = 0; n0 < N; n0 += kConvNR, dst += (size_t)kConvNR * K) {
+    const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
+    for (int c = 0; c < kConvNR; ++c) {
+      if (c >= nv) {
+        for (int k = 0; k < K; ++k) dst[(size_t)k * kConvNR + c] = T(0);
+        continue;
+      }
+      const T* row = from + n_off[n0 + c];
+      for (int k = 0; k < K; ++k) dst[(size_t)k * kConvNR + c] = row[k_off[k]];
+    }
+  }
+}
+
+// The tiles above, any T (the float AVX2 version below is the same arithmetic, vectorised).
+template <class T>
+inline void conv_tiles_generic(const T* src, const int* m_off, int M, const int* k_off, int K,
+                               const T* bpack, int N, T* out, int64_t ldo, bool add_rows) {
+  T acc[kConvNR];
+  for (int n0 = 0; n0 < N; n0 += kConvNR) {
+    const T* bp = bpack + (size_t)n0 * K;
+    const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
+    for (int m = 0; m < M; ++m) {
+      for (int c = 0; c < kConvNR; ++c) acc[c] = T(0);
+      const T* row = src + m_off[m];
+      for (int k = 0; k < K; ++k) {
+        const T a = row[k_off[k]];
+        const T* b = bp + (size_t)k * kConvNR;
+        for (int c = 0; c < kConvNR; ++c) acc[c] += a * b[c];
+      }
+      if (add_rows) {
+        T* o = out + m * ldo + n0;
+        for (int c = 0; c < kConvNR; ++c) o[c] += acc[c];
+      } else {
+        for (int c = 0; c < nv; ++c) out[(n0 + c) * ldo + m] = acc[c];
+      }
+    }
+  }
+}
+
+#if FLOWC_GEMM_AVX2 && defined(FLOWC_CORE_LIBRARY) && !defined(FLOWC_CORE_IMPLEMENTATION)
+void pack_panels_f32(const float* from, const int* n_off, int N, const int* k_off, int K, float* dst);
+void conv_tiles_f32(const float* src, const int* m_off, int M, const int* k_off, int K, const float* bpack,
+                    int N, float* out, int64_t ldo, bool add_rows);
+#elif FLOWC_GEMM_AVX2
+namespace gemm_detail {
+// acc(r, c) = sum_k s_r[k_off[k]] * b[k * 16 + c] for r < 6, c < 16; then written to tile rows
+// (tile + r * ldt, 16 floats each), added to them when `add`.
+inline void conv_kernel_6x16(int K, const float* s0, const float* s1, const float* s2, const float* s3,
+                             const float* s4, const float* s5, const int* __restrict k_off,
+                             const float* __restrict b, float* tile, int64_t ldt, bool add) {
+  v8f c00 = v8f{}, c01 = v8f{};
+  v8f c10 = v8f{}, c11 = v8f{};
+  v8f c20 = v8f{}, c21 = v8f{};
+  v8f c30 = v8f{}, c31 = v8f{};
+  v8f c40 = v8f{}, c41 = v8f{};
+  v8f c50 = v8f{}, c51 = v8f{};
+#pragma GCC unroll 4
+  for (int k = 0; k < K; ++k) {
+    const int o = k_off[k];
+    const v8f b0 = loadu(b), b1 = loadu(b + 8);  // the panels need not be 32-byte aligned
+    v8f av;
+    av = splat(s0[o]); c00 = fmadd(av, b0, c00); c01 = fmadd(av, b1, c01);
+    av = splat(s1[o]); c10 = fmadd(av, b0, c10); c11 = fmadd(av, b1, c11);
+    av = splat(s2[o]); c20 = fmadd(av, b0, c20); c21 = fmadd(av, b1, c21);
+    av = splat(s3[o]); c30 = fmadd(av, b0, c30); c31 = fmadd(av, b1, c31);
+    av = splat(s4[o]); c40 = fmadd(av, b0, c40); c41 = fmadd(av, b1, c41);
+    av = splat(s5[o]); c50 = fmadd(av, b0, c50); c51 = fmadd(av, b1, c51);
+    b += kConvNR;
+  }
+  float* r0 = tile;
+  float* r1 = r0 + ldt;
+  float* r2 = r1 + ldt;
+  float* r3 = r2 + ldt;
+  float* r4 = r3 + ldt;
+  float* r5 = r4 + ldt;
+  if (add) {
+    c00 += loadu(r0); c01 += loadu(r0 + 8);
+    c10 += loadu(r1); c11 += loadu(r1 + 8);
+    c20 += loadu(r2); c21 += loadu(r2 + 8);
+    c30 += loadu(r3); c31 += loadu(r3 + 8);
+    c40 += loadu(r4); c41 += loadu(r4 + 8);
+    c50 += loadu(r5); c51 += loadu(r5 + 8);
+  }
+  storeu(r0, c00); storeu(r0 + 8, c01);
+  storeu(r1, c10); storeu(r1 + 8, c11);
+  storeu(r2, c20); storeu(r2 + 8, c21);
+  storeu(r3, c30); storeu(r3 + 8, c31);
+  storeu(r4, c40); storeu(r4 + 8, c41);
+  storeu(r5, c50); storeu(r5 + 8, c51);
+}
+}  // namespace gemm_detail
+
+#ifdef FLOWC_CORE_IMPLEMENTATION
+#define FLOWC_CONV_EXPORT __attribute__((visibility("default")))
+#else
+#define FLOWC_CONV_EXPORT inline
+#endif
+FLOWC_CONV_EXPORT void pack_panels_f32(const float* from, const int* n_off, int N, const int* k_off, int K,
+                                       float* dst) {
+  // Consecutive k offsets (dy's rows, the forward's weights): 16 rows x 8 k through two 8x8
+  // register transposes, instead of 128 scalar copies with 64-byte strided stores.
+  bool consecutive = K > 0;
+  for (int k = 1; k < K && consecutive; ++k) consecutive = k_off[k] == k_off[0] + k;
+  if (!consecutive) {
+    pack_panels_generic(from, n_off, N, k_off, K, dst);
+    return;
+  }
+  using gemm_detail::v8f;
+  for (int n0 = 0; n0 < N; n0 += kConvNR, dst += (size_t)kConvNR * K) {
+    const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
+    const float* rows[kConvNR];
+    for (int c = 0; c < kConvNR; ++c) rows[c] = c < nv ? from + n_off[n0 + c] + k_off[0] : nullptr;
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+      for (int h = 0; h < kConvNR; h += 8) {
+        v8f r[8];
+        for (int q = 0; q < 8; ++q) r[q] = rows[h + q] ? gemm_detail::loadu(rows[h + q] + k) : v8f{};
+        gemm_detail::transpose8(r);
+        for (int q = 0; q < 8; ++q) gemm_detail::storeu(dst + (size_t)(k + q) * kConvNR + h, r[q]);
+      }
+    for (; k < K; ++k)
+      for (int c = 0; c < kConvNR; ++c) dst[(size_t)k * kConvNR + c] = rows[c] ? rows[c][k] : 0.0f;
+  }
+}
+
+FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M, const int* k_off, int K,
+                                      const float* bpack, int N, float* out, int64_t ldo, bool add_rows) {
+  alignas(32) float tile[kConvMR * kConvNR];
+  for (int n0 = 0; n0 < N; n0 += kConvNR) {
+    const float* bp = bpack + (size_t)n0 * K;
+    const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
+    for (int m0 = 0; m0 < M; m0 += kConvMR) {
+      const int mv = M - m0 < kConvMR ? M - m0 : kConvMR;
+      const float* s[kConvMR];
+      for (int r = 0; r < kConvMR; ++r) s[r] = src + m_off[m0 + (r < mv ? r : mv - 1)];
+      if (add_rows) {
+        // Rows past M land in the caller's padding rows (it allocates M rounded up to 6).
+        gemm_detail::conv_kernel_6x16(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp,
+                                      out + m0 * ldo + n0, ldo, true);
+        continue;
+      }
+      gemm_detail::conv_kernel_6x16(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp, tile, kConvNR, false);
+      // Transposed out, 8 columns at a time through an 8x8 register transpose.  When 8 floats fit
+      // before the row's end, each column goes out as one 8-wide store whose last 2 floats are
+      // junk: they belong to the next tile of the same rows, which overwrites them.
+      const bool wide = m0 + 8 <= M;
+      for (int h = 0; h < kConvNR && h < nv; h += 8) {
+        gemm_detail::v8f r[8];
+        for (int q = 0; q < kConvMR; ++q) r[q] = gemm_detail::load(tile + q * kConvNR + h);
+        r[6] = r[7] = gemm_detail::v8f{};
+        gemm_detail::transpose8(r);
+        const int cv = nv - h < 8 ? nv - h : 8;
+        for (int q = 0; q < cv; ++q) {
+          float* o = out + (n0 + h + q) * ldo + m0;
+          if (wide) {
+            gemm_detail::storeu(o, r[q]);
+          } else {
+            alignas(32) float col[8];
+            gemm_detail::store(col, r[q]);
+            for (int i = 0; i < mv; ++i) o[i] = col[i];
+          }
+        }
+      }
+    }
+  }
+}
+#undef FLOWC_CONV_EXPORT
+#endif
+
+// pack_panels / conv_tiles for any T: float with AVX2 runs the 6x16 kernel (in the core library).
+template <class T>
+inline void pack_panels(const T* from, const int* n_off, int N, const int* k_off, int K, T* dst) {
+#if FLOWC_GEMM_AVX2
+  if constexpr (std::is_same<T, float>::value) {
+    pack_panels_f32(from, n_off, N, k_off, K, dst);
+    return;
+  }
+#endif
+  pack_panels_generic(from, n_off, N, k_off, K, dst);
+}
+
+template <class T>
+inline void conv_tiles(const T* src, const int* m_off, int M, const int* k_off, int K, const T* bpack, int N,
+                       T* out, int64_t ldo, bool add_rows) {
+#if FLOWC_GEMM_AVX2
+  if constexpr (std::is_same<T, float>::value) {
+    conv_tiles_f32(src, m_off, M, k_off, K, bpack, N, out, ldo, add_rows);
+    return;
+  }
+#endif
+  conv_tiles_generic(src, m_off, M, k_off, K, bpack, N, out, ldo, add_rows);
+}
 
 // The adjoint of im2col: adds each column entry back onto the input pixel it came from.  (Rows
 // of 14 floats are fine here: this loop ran at 32 us per LeNet conv2 image where a contiguous

@@ -36,6 +36,13 @@ def _conv_geometry(x: tuple, w: tuple, attrs: dict, op: str) -> tuple[int, int]:
     if padded >= 2 ** 31:
         raise ShapeError(f"{op}: one image's padded input group has {padded} elements; flowc's convolutions "
                          f"need fewer than 2**31 (split the channels into groups or the image into tiles)")
+    # The input gradient reads one image's output-gradient group, padded by up to (k - 1) * d on
+    # every side, through the same 32-bit offsets.
+    dy_padded = (w[0] // groups) * (oh + 2 * (w[2] - 1) * dh) * (ow + 2 * (w[3] - 1) * dw)
+    if dy_padded >= 2 ** 31:
+        raise ShapeError(f"{op}: one image's padded output-gradient group has {dy_padded} elements; flowc's "
+                         f"convolutions need fewer than 2**31 (split the filters into groups or the image "
+                         f"into tiles)")
     return oh, ow
 
 

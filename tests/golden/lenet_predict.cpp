@@ -36,16 +36,23 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
   const flowc::ConvGeometry geo{ 1, 28, 28, 5, 5, 28, 28,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
+  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  constexpr int64_t kPanel = flowc::conv_panel_floats(32, 25);
+  static std::vector<float> wpack(kPanel * 1);
+  static const std::vector<int> w_rows = flowc::iota_offsets(32, 25),
+                                w_cols = flowc::iota_offsets(25, 1);
+  for (int64_t g = 0; g < 1; ++g)
+    flowc::pack_panels<float>(b2 + g * 800, w_rows.data(), 32, w_cols.data(), 25,
+                                wpack.data() + g * kPanel);
 #pragma omp parallel for schedule(static) if(100 > 1)
   for (int64_t n = 0; n < 100; ++n) {
     static thread_local std::vector<float> padded;
     for (int64_t g = 0; g < 1; ++g) {
       const float* xg = b0 + (n * 1 + g * 1) * 784;
       float* c_out = b3 + (n * 32 + g * 32) * 784;
-      const float* wg = b2 + g * 800;
-      flowc::gemm_indexed_b<float>(32, 784, 25, wg, 25, false,
-                                     conv.input(geo, xg, padded), conv.tap.data(),
-                                     conv.pixel.data(), c_out, 784, [=](int row, int j0, int cnt, float* c) {
+      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 784, conv.tap.data(), 25,
+                                 wpack.data() + g * kPanel, 32, c_out, 784, false);
+      auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 32 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -56,7 +63,8 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
-      });
+      };
+      for (int row = 0; row < 32; ++row) epi(row, 0, 784, c_out + row * 784);
     }
   }
 }
@@ -89,16 +97,23 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
+  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  constexpr int64_t kPanel = flowc::conv_panel_floats(64, 800);
+  static std::vector<float> wpack(kPanel * 1);
+  static const std::vector<int> w_rows = flowc::iota_offsets(64, 800),
+                                w_cols = flowc::iota_offsets(800, 1);
+  for (int64_t g = 0; g < 1; ++g)
+    flowc::pack_panels<float>(b9 + g * 51200, w_rows.data(), 64, w_cols.data(), 800,
+                                wpack.data() + g * kPanel);
 #pragma omp parallel for schedule(static) if(100 > 1)
   for (int64_t n = 0; n < 100; ++n) {
     static thread_local std::vector<float> padded;
     for (int64_t g = 0; g < 1; ++g) {
       const float* xg = b8 + (n * 32 + g * 32) * 196;
       float* c_out = b10 + (n * 64 + g * 64) * 196;
-      const float* wg = b9 + g * 51200;
-      flowc::gemm_indexed_b<float>(64, 196, 800, wg, 800, false,
-                                     conv.input(geo, xg, padded), conv.tap.data(),
-                                     conv.pixel.data(), c_out, 196, [=](int row, int j0, int cnt, float* c) {
+      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 196, conv.tap.data(), 800,
+                                 wpack.data() + g * kPanel, 64, c_out, 196, false);
+      auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 64 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -109,7 +124,8 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
-      });
+      };
+      for (int row = 0; row < 64; ++row) epi(row, 0, 196, c_out + row * 196);
     }
   }
 }

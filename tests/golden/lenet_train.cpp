@@ -39,16 +39,23 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
   const flowc::ConvGeometry geo{ 1, 28, 28, 5, 5, 28, 28,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
+  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  constexpr int64_t kPanel = flowc::conv_panel_floats(32, 25);
+  static std::vector<float> wpack(kPanel * 1);
+  static const std::vector<int> w_rows = flowc::iota_offsets(32, 25),
+                                w_cols = flowc::iota_offsets(25, 1);
+  for (int64_t g = 0; g < 1; ++g)
+    flowc::pack_panels<float>(b2 + g * 800, w_rows.data(), 32, w_cols.data(), 25,
+                                wpack.data() + g * kPanel);
 #pragma omp parallel for schedule(static) if(100 > 1)
   for (int64_t n = 0; n < 100; ++n) {
     static thread_local std::vector<float> padded;
     for (int64_t g = 0; g < 1; ++g) {
       const float* xg = b0 + (n * 1 + g * 1) * 784;
       float* c_out = b3 + (n * 32 + g * 32) * 784;
-      const float* wg = b2 + g * 800;
-      flowc::gemm_indexed_b<float>(32, 784, 25, wg, 25, false,
-                                     conv.input(geo, xg, padded), conv.tap.data(),
-                                     conv.pixel.data(), c_out, 784, [=](int row, int j0, int cnt, float* c) {
+      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 784, conv.tap.data(), 25,
+                                 wpack.data() + g * kPanel, 32, c_out, 784, false);
+      auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 32 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -59,7 +66,8 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           const float v7 = flowc::maximum(v6, (float)0);
           b7[i] = v7;
         }
-      });
+      };
+      for (int row = 0; row < 32; ++row) epi(row, 0, 784, c_out + row * 784);
     }
   }
 }
@@ -92,16 +100,23 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
+  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  constexpr int64_t kPanel = flowc::conv_panel_floats(64, 800);
+  static std::vector<float> wpack(kPanel * 1);
+  static const std::vector<int> w_rows = flowc::iota_offsets(64, 800),
+                                w_cols = flowc::iota_offsets(800, 1);
+  for (int64_t g = 0; g < 1; ++g)
+    flowc::pack_panels<float>(b9 + g * 51200, w_rows.data(), 64, w_cols.data(), 800,
+                                wpack.data() + g * kPanel);
 #pragma omp parallel for schedule(static) if(100 > 1)
   for (int64_t n = 0; n < 100; ++n) {
     static thread_local std::vector<float> padded;
     for (int64_t g = 0; g < 1; ++g) {
       const float* xg = b8 + (n * 32 + g * 32) * 196;
       float* c_out = b10 + (n * 64 + g * 64) * 196;
-      const float* wg = b9 + g * 51200;
-      flowc::gemm_indexed_b<float>(64, 196, 800, wg, 800, false,
-                                     conv.input(geo, xg, padded), conv.tap.data(),
-                                     conv.pixel.data(), c_out, 196, [=](int row, int j0, int cnt, float* c) {
+      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 196, conv.tap.data(), 800,
+                                 wpack.data() + g * kPanel, 64, c_out, 196, false);
+      auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 64 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -112,7 +127,8 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           const float v14 = flowc::maximum(v13, (float)0);
           b14[i] = v14;
         }
-      });
+      };
+      for (int row = 0; row < 64; ++row) epi(row, 0, 196, c_out + row * 196);
     }
   }
 }
@@ -380,6 +396,31 @@ FLOWC_KERNEL void reduce_sum_44(const float* FLOWC_RESTRICT b43, float* FLOWC_RE
 
 // conv2d_grad_input_46: %46 conv2d_grad_input @synchronize_single_job.py:22
 FLOWC_KERNEL void conv2d_grad_input_46(const float* FLOWC_RESTRICT b9, const float* FLOWC_RESTRICT b42, float* FLOWC_RESTRICT b46) {
+  if (flowc::all_finite(b9, 51200)) {
+    // dy seen as the input of a stride-1 convolution whose output is dx.
+    const flowc::ConvGeometry geo{ 64, 14, 14, 5, 5, 14, 14,
+                                   1, 1, 2, 2, 1, 1 };
+    static const flowc::ImplicitConv conv(geo);
+    // B(k, c) for k = (f, i, j): W[f, c, KH-1-i, KW-1-j], as 16-channel panels per group.
+    constexpr int64_t kPanel = flowc::conv_panel_floats(32, 1600);
+    static std::vector<float> wpack(kPanel * 1);
+    static const std::vector<int> w_rows = flowc::iota_offsets(32, 25),
+                                  w_cols = flowc::flipped_taps(64, 32, 5, 5);
+    for (int64_t g = 0; g < 1; ++g)
+      flowc::pack_panels<float>(b9 + g * 51200, w_rows.data(), 32, w_cols.data(),
+                                  1600, wpack.data() + g * kPanel);
+#pragma omp parallel for schedule(static) if(100 > 1)
+    for (int64_t n = 0; n < 100; ++n) {
+      static thread_local std::vector<float> padded;
+      for (int64_t g = 0; g < 1; ++g) {
+        const float* dyg = b42 + (n * 64 + g * 64) * 196;
+        flowc::conv_tiles<float>(conv.input(geo, dyg, padded), conv.pixel.data(), 196, conv.tap.data(),
+                                   1600, wpack.data() + g * kPanel, 32,
+                                   b46 + (n * 32 + g * 32) * 196, 196, false);
+      }
+    }
+    return;
+  }
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
 #pragma omp parallel for schedule(static) if(100 > 1)
@@ -402,7 +443,11 @@ FLOWC_KERNEL void conv2d_grad_filter_47(const float* FLOWC_RESTRICT b8, const fl
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
-  constexpr int64_t kSize = 51200;
+  static const std::vector<int> dy_rows = flowc::iota_offsets(64, 196),
+                                dy_cols = flowc::iota_offsets(196, 1);
+  // One group's partial: [K rounded up to 6 rows][Fg rounded up to 16 columns].
+  constexpr int64_t kLd = (64 + 15) / 16 * 16, kRows = (800 + 5) / 6 * 6;
+  constexpr int64_t kSize = 1 * kRows * kLd;
   static std::vector<float> partials;   // [threads, kSize]; grows once, reused every step
   int threads = 1;
 #ifdef _OPENMP
@@ -416,29 +461,29 @@ FLOWC_KERNEL void conv2d_grad_filter_47(const float* FLOWC_RESTRICT b8, const fl
 #ifdef _OPENMP
     t = omp_get_thread_num();
 #endif
-    static thread_local std::vector<float> padded, tmp;
-    if (tmp.size() < (size_t)(51200)) tmp.resize(51200);
+    static thread_local std::vector<float> padded, dypack;
+    if (dypack.size() < (size_t)flowc::conv_panel_floats(64, 196))
+      dypack.resize(flowc::conv_panel_floats(64, 196));
     float* mine = partials.data() + t * kSize;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < 100; ++n) {
       for (int64_t g = 0; g < 1; ++g) {
         const float* xin = conv.input(geo, b8 + (n * 32 + g * 32) * 196, padded);
-        float* acc = mine + g * 51200;
-        // B(p, k) = col(k, p): the pixel offsets index its rows, the tap offsets its columns.
-        flowc::gemm_indexed_b<float>(64, 800, 196, b42 + (n * 64 + g * 64) * 196, 196,
-                                       false, xin, conv.pixel.data(), conv.tap.data(), tmp.data(), 800,
-                             [=](int row, int j0, int cnt, float* c) {
-          float* dst = acc + row * 800 + j0;
-          for (int jj = 0; jj < cnt; ++jj) dst[jj] += c[jj];
-        });
+        flowc::pack_panels<float>(b42 + (n * 64 + g * 64) * 196, dy_rows.data(), 64,
+                                    dy_cols.data(), 196, dypack.data());
+        flowc::conv_tiles<float>(xin, conv.tap.data(), 800, conv.pixel.data(), 196, dypack.data(),
+                                   64, mine + g * kRows * kLd, kLd, true);
       }
     }
   }
-  for (int64_t k = 0; k < kSize; ++k) {
-    float sum = partials[k];
-    for (int t = 1; t < threads; ++t) sum += partials[t * kSize + k];
-    b47[k] = sum;
-  }
+  for (int64_t g = 0; g < 1; ++g)
+    for (int64_t f = 0; f < 64; ++f)
+      for (int64_t k = 0; k < 800; ++k) {
+        const int64_t at = (g * kRows + k) * kLd + f;
+        float sum = partials[at];
+        for (int t = 1; t < threads; ++t) sum += partials[t * kSize + at];
+        b47[(g * 64 + f) * 800 + k] = sum;
+      }
 }
 
 // max_pool2d_grad_48: %48 max_pool2d_grad @synchronize_single_job.py:21
@@ -568,7 +613,11 @@ FLOWC_KERNEL void conv2d_grad_filter_53(const float* FLOWC_RESTRICT b0, const fl
   const flowc::ConvGeometry geo{ 1, 28, 28, 5, 5, 28, 28,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
-  constexpr int64_t kSize = 800;
+  static const std::vector<int> dy_rows = flowc::iota_offsets(32, 784),
+                                dy_cols = flowc::iota_offsets(784, 1);
+  // One group's partial: [K rounded up to 6 rows][Fg rounded up to 16 columns].
+  constexpr int64_t kLd = (32 + 15) / 16 * 16, kRows = (25 + 5) / 6 * 6;
+  constexpr int64_t kSize = 1 * kRows * kLd;
   static std::vector<float> partials;   // [threads, kSize]; grows once, reused every step
   int threads = 1;
 #ifdef _OPENMP
@@ -582,29 +631,29 @@ FLOWC_KERNEL void conv2d_grad_filter_53(const float* FLOWC_RESTRICT b0, const fl
 #ifdef _OPENMP
     t = omp_get_thread_num();
 #endif
-    static thread_local std::vector<float> padded, tmp;
-    if (tmp.size() < (size_t)(800)) tmp.resize(800);
+    static thread_local std::vector<float> padded, dypack;
+    if (dypack.size() < (size_t)flowc::conv_panel_floats(32, 784))
+      dypack.resize(flowc::conv_panel_floats(32, 784));
     float* mine = partials.data() + t * kSize;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < 100; ++n) {
       for (int64_t g = 0; g < 1; ++g) {
         const float* xin = conv.input(geo, b0 + (n * 1 + g * 1) * 784, padded);
-        float* acc = mine + g * 800;
-        // B(p, k) = col(k, p): the pixel offsets index its rows, the tap offsets its columns.
-        flowc::gemm_indexed_b<float>(32, 25, 784, b49 + (n * 32 + g * 32) * 784, 784,
-                                       false, xin, conv.pixel.data(), conv.tap.data(), tmp.data(), 25,
-                             [=](int row, int j0, int cnt, float* c) {
-          float* dst = acc + row * 25 + j0;
-          for (int jj = 0; jj < cnt; ++jj) dst[jj] += c[jj];
-        });
+        flowc::pack_panels<float>(b49 + (n * 32 + g * 32) * 784, dy_rows.data(), 32,
+                                    dy_cols.data(), 784, dypack.data());
+        flowc::conv_tiles<float>(xin, conv.tap.data(), 25, conv.pixel.data(), 784, dypack.data(),
+                                   32, mine + g * kRows * kLd, kLd, true);
       }
     }
   }
-  for (int64_t k = 0; k < kSize; ++k) {
-    float sum = partials[k];
-    for (int t = 1; t < threads; ++t) sum += partials[t * kSize + k];
-    b53[k] = sum;
-  }
+  for (int64_t g = 0; g < 1; ++g)
+    for (int64_t f = 0; f < 32; ++f)
+      for (int64_t k = 0; k < 25; ++k) {
+        const int64_t at = (g * kRows + k) * kLd + f;
+        float sum = partials[at];
+        for (int t = 1; t < threads; ++t) sum += partials[t * kSize + at];
+        b53[(g * 32 + f) * 25 + k] = sum;
+      }
 }
 
 // optimizer_update: %55 multiply @synchronize_single_job.py:12, %56 subtract @synchronize_single_job.py:12, %57 multiply @synchronize_single_job.py:12, %58 subtract @synchronize_single_job.py:12, %59 multiply @synchronize_single_job.py:22, %60 subtract @synchronize_single_job.py:22, %61 multiply @synchronize_single_job.py:22, %62 subtract @synchronize_single_job.py:22
