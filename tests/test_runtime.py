@@ -324,7 +324,11 @@ def test_process_exiting_with_work_in_flight_finishes_its_callbacks():
 
 
 INTERRUPT_SCRIPT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)   # the test asks for every thread's stack when the exit hangs
+# A program started from a terminal takes Ctrl-C; one started by a shell in the background inherits
+# SIGINT ignored (POSIX), which would make this test hang when the suite runs as a background job.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, "tests")
 import test_runtime as t
 x, y = t.BATCHES[0]
@@ -343,8 +347,11 @@ def test_ctrl_c_does_not_hang():
     try:
         proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
         proc.kill()
-        pytest.fail("the process did not end within 20 s of Ctrl-C")
+        _, err = proc.communicate(timeout=20)
+        pytest.fail(f"the process did not end within 20 s of Ctrl-C; its threads:\n{err[-6000:]}")
     assert proc.returncode is not None
 
 
