@@ -509,6 +509,33 @@ inline void pack_b_indexed(const float* B, const int* rows, const int* cols, int
   }
 }
 
+// Stores a micro-tile's 6x16 accumulators at c (rows ldc floats apart), added to what is there when
+// `accumulate`: the GEMM micro-kernel and the direct convolution's tile (im2col.h) end alike.
+__attribute__((always_inline)) inline void store_tile_6x16(
+    float* c, std::ptrdiff_t ldc, bool accumulate, v8f c00, v8f c01, v8f c10, v8f c11, v8f c20, v8f c21,
+    v8f c30, v8f c31, v8f c40, v8f c41, v8f c50, v8f c51) {
+  float* r0 = c;
+  float* r1 = r0 + ldc;
+  float* r2 = r1 + ldc;
+  float* r3 = r2 + ldc;
+  float* r4 = r3 + ldc;
+  float* r5 = r4 + ldc;
+  if (accumulate) {
+    c00 += loadu(r0); c01 += loadu(r0 + 8);
+    c10 += loadu(r1); c11 += loadu(r1 + 8);
+    c20 += loadu(r2); c21 += loadu(r2 + 8);
+    c30 += loadu(r3); c31 += loadu(r3 + 8);
+    c40 += loadu(r4); c41 += loadu(r4 + 8);
+    c50 += loadu(r5); c51 += loadu(r5 + 8);
+  }
+  storeu(r0, c00); storeu(r0 + 8, c01);
+  storeu(r1, c10); storeu(r1 + 8, c11);
+  storeu(r2, c20); storeu(r2 + 8, c21);
+  storeu(r3, c30); storeu(r3 + 8, c31);
+  storeu(r4, c40); storeu(r4 + 8, c41);
+  storeu(r5, c50); storeu(r5 + 8, c51);
+}
+
 // 6x16 micro-kernel: acc = sum_k a[k*6+r] * b[k*16+c]; then C = acc (first K chunk) or C += acc.
 inline void kernel_6x16(int kc, const float* __restrict a, const float* __restrict b, float* c,
                         int ldc, bool accumulate) {
@@ -531,26 +558,7 @@ inline void kernel_6x16(int kc, const float* __restrict a, const float* __restri
     a += kMR;
     b += kNR;
   }
-  float* r0 = c;
-  float* r1 = r0 + ldc;
-  float* r2 = r1 + ldc;
-  float* r3 = r2 + ldc;
-  float* r4 = r3 + ldc;
-  float* r5 = r4 + ldc;
-  if (accumulate) {
-    c00 += loadu(r0); c01 += loadu(r0 + 8);
-    c10 += loadu(r1); c11 += loadu(r1 + 8);
-    c20 += loadu(r2); c21 += loadu(r2 + 8);
-    c30 += loadu(r3); c31 += loadu(r3 + 8);
-    c40 += loadu(r4); c41 += loadu(r4 + 8);
-    c50 += loadu(r5); c51 += loadu(r5 + 8);
-  }
-  storeu(r0, c00); storeu(r0 + 8, c01);
-  storeu(r1, c10); storeu(r1 + 8, c11);
-  storeu(r2, c20); storeu(r2 + 8, c21);
-  storeu(r3, c30); storeu(r3 + 8, c31);
-  storeu(r4, c40); storeu(r4 + 8, c41);
-  storeu(r5, c50); storeu(r5 + 8, c51);
+  store_tile_6x16(c, ldc, accumulate, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
 }
 
 // Edge micro-tile (mr < 6 or nr < 16): run the full kernel into a local tile, copy the valid part.

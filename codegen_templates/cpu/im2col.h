@@ -274,26 +274,7 @@ inline void conv_kernel_6x16(int K, const float* s0, const float* s1, const floa
     av = splat(s5[o]); c50 = fmadd(av, b0, c50); c51 = fmadd(av, b1, c51);
     b += kConvNR;
   }
-  float* r0 = tile;
-  float* r1 = r0 + ldt;
-  float* r2 = r1 + ldt;
-  float* r3 = r2 + ldt;
-  float* r4 = r3 + ldt;
-  float* r5 = r4 + ldt;
-  if (add) {
-    c00 += loadu(r0); c01 += loadu(r0 + 8);
-    c10 += loadu(r1); c11 += loadu(r1 + 8);
-    c20 += loadu(r2); c21 += loadu(r2 + 8);
-    c30 += loadu(r3); c31 += loadu(r3 + 8);
-    c40 += loadu(r4); c41 += loadu(r4 + 8);
-    c50 += loadu(r5); c51 += loadu(r5 + 8);
-  }
-  storeu(r0, c00); storeu(r0 + 8, c01);
-  storeu(r1, c10); storeu(r1 + 8, c11);
-  storeu(r2, c20); storeu(r2 + 8, c21);
-  storeu(r3, c30); storeu(r3 + 8, c31);
-  storeu(r4, c40); storeu(r4 + 8, c41);
-  storeu(r5, c50); storeu(r5 + 8, c51);
+  store_tile_6x16(tile, ldt, add, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
 }
 }  // namespace gemm_detail
 
