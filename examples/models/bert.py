@@ -30,7 +30,7 @@ import flow
 import flow.typing as tp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from progress import ProgressBar, parse_args  # noqa: E402
+from progress import parse_args, train_loop  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -282,15 +282,7 @@ def main(argv=None) -> int:
         config = replace(config, batch_size=args.batch_size)
     train, _ = make_jobs(config, args.optimizer, total_steps=args.steps)
     batches = [synthetic_batch(config, args.seed + i) for i in range(4)]
-    bar = ProgressBar(args.steps, label=f"bert-{args.config}")
-    for step in range(args.steps):
-        loss = train(*batches[step % len(batches)])
-        bar.update(step + 1, loss=float(np.mean(loss)))
-    bar.finish()
-    if args.save:
-        flow.checkpoint.save(args.save)
-        print(f"saved to {args.save}")
-    return 0
+    return train_loop(train, batches, args, f"bert-{args.config}")
 
 
 if __name__ == "__main__":

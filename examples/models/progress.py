@@ -108,3 +108,25 @@ def parse_args(description: str, configs: Sequence[str], default_config: str, de
     if args.batch_size < 0:
         p.error("--batch-size must be positive (or 0 for the config's)")
     return args
+
+
+def train_loop(train: Callable[..., object], batches: Sequence[Sequence[object]], args: argparse.Namespace,
+               label: str) -> int:
+    """Run `args.steps` train steps cycling through `batches` under a progress bar, then save a
+    checkpoint to `args.save` when given: the end of every model script's `main`.
+
+    Example:
+        return train_loop(train, batches, parse_args("Train BERT", ["tiny"], "tiny"), "bert-tiny")
+    """
+    import flow
+    import numpy as np
+
+    bar = ProgressBar(args.steps, label=label)
+    for step in range(args.steps):
+        loss = train(*batches[step % len(batches)])
+        bar.update(step + 1, loss=float(np.mean(loss)))
+    bar.finish()
+    if args.save:
+        flow.checkpoint.save(args.save)
+        print(f"saved to {args.save}")
+    return 0
