@@ -43,7 +43,7 @@
 //     one-core speed (~1 ms) thanks to dynamic tile claiming; on an idle machine passive adds only
 //     the futex wake-up of the worker per call. The runtime should choose (env var, set before
 //     the first OpenMP call); this header does not touch global OpenMP state.
-//   * T = float with AVX2+FMA uses the packed 6x16 micro-kernel. Any other T (double, int, ...) or
+//   * T = float with AVX2+FMA uses the packed 6x16 micro-kernel (6x32 with AVX-512F). Any other T (double, int, ...) or
 //     a build without AVX2/FMA uses a portable cache-blocked loop that the compiler auto-vectorises;
 //     T must be default-constructible, copyable and support T(0), + and *.
 //
@@ -60,6 +60,15 @@
 #define FLOWC_GEMM_AVX2 1
 #else
 #define FLOWC_GEMM_AVX2 0
+#endif
+// With AVX-512 the micro-kernel's two vectors per row are 16 floats wide (6x32 tiles): on a core
+// with full-width 512-bit FMA units (Zen5, Intel server parts) that doubles the flops per cycle
+// (measured on the Zen5 VM: 127 GFLOP/s per core with 256-bit FMAs, 257 with 512-bit).  Packing
+// keeps its 8-wide transposes; only the micro-panels are twice as wide.
+#if FLOWC_GEMM_AVX2 && defined(__AVX512F__)
+#define FLOWC_GEMM_AVX512 1
+#else
+#define FLOWC_GEMM_AVX512 0
 #endif
 
 #ifdef _OPENMP
@@ -112,11 +121,11 @@ namespace gemm_detail {
 // Blocking parameters (float / AVX2 path).
 //
 //   MR x NR = 6 x 16 micro-tile: 12 ymm accumulators + 2 ymm for the B row + 1 broadcast of A = 15
-//   of the 16 ymm registers. Zen3 has two 256-bit FMA pipes with 4-cycle latency, so at least 8
+//   of the 16 ymm registers (with AVX-512, 6 x 32 in zmm registers: the same 15 of 32). Zen3 has two 256-bit FMA pipes with 4-cycle latency, so at least 8
 //   independent accumulators are needed to keep both busy; 12 gives slack. Per k the kernel issues
 //   12 FMAs against 2 loads + 6 broadcasts, well under Zen3's 3 loads/cycle.
 //
-//   KC = 256: one packed B micro-panel (KC x 16 floats = 16 KiB) stays in the 32 KiB L1d while the
+//   KC = 256: one packed B micro-panel (KC x 16 floats = 16 KiB; 32 KiB at 6x32) stays in L1d while the
 //   kernel sweeps down the packed A block, with room left for the A micro-panel (6 KiB) and C.
 //   K is split into ceil(K/KC) equal chunks (K=784 -> 4 chunks of 196), so no tiny leftover chunk.
 //
@@ -136,7 +145,7 @@ namespace gemm_detail {
 // same as the previous tile's on this thread, the packed A block is reused.
 // ---------------------------------------------------------------------------------------------
 constexpr int kMR = 6;
-constexpr int kNR = 16;
+constexpr int kNR = FLOWC_GEMM_AVX512 ? 32 : 16;  // two kernel vectors (see vkf below)
 #ifndef FLOWC_GEMM_MC
 #define FLOWC_GEMM_MC 144
 #endif
@@ -314,8 +323,8 @@ void f32_tile(const Problem<float>& pr, const Plan& p, int im, int i0, int mb, i
 // float / AVX2 + FMA path.
 // Packed layouts:
 //   A block: micro-panels of kMR rows; panel p holds opA(i0+6p+r, k0+k) at [p*6*kc + k*6 + r].
-//   B panel: micro-panels of kNR cols; panel q holds opB(k0+k, j0+16q+c) at [q*16*kc + k*16 + c].
-// Rows/cols past the matrix edge are packed as zeros, so the kernel always runs full 6x16.
+//   B panel: micro-panels of kNR cols; panel q holds opB(k0+k, j0+NRq+c) at [q*NR*kc + k*NR + c].
+// Rows/cols past the matrix edge are packed as zeros, so the kernel always runs full 6 x kNR.
 // ---------------------------------------------------------------------------------------------
 
 // Per-thread packing storage, 64-byte aligned, allocated once per thread (max block sizes).
@@ -353,6 +362,16 @@ inline void storeu(float* p, v8f v) { *reinterpret_cast<v8f_u*>(p) = v; }
 inline v8f load(const float* p) { return *reinterpret_cast<const v8f*>(p); }
 inline void store(float* p, v8f v) { *reinterpret_cast<v8f*>(p) = v; }
 inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+
+// The micro-kernels' vector: kNR / 2 floats, so that a micro-tile row is two of them (v8f without
+// AVX-512).  Packing and the transposes stay 8 wide.
+constexpr int kVL = kNR / 2;
+typedef float vkf __attribute__((vector_size(kVL * 4)));
+typedef float vkf_u __attribute__((vector_size(kVL * 4), aligned(4), may_alias));
+inline vkf loadk(const float* p) { return *reinterpret_cast<const vkf*>(p); }       // kVL*4-byte aligned
+inline vkf loadku(const float* p) { return *reinterpret_cast<const vkf_u*>(p); }
+inline void storeku(float* p, vkf v) { *reinterpret_cast<vkf_u*>(p) = v; }
+inline vkf splatk(float x) { return vkf{} + x; }
 inline v8f fmadd(v8f a, v8f b, v8f c) {
 #if defined(__clang__)
   return a * b + c;  // contracted to vfmadd by clang's default -ffp-contract=on
@@ -360,6 +379,17 @@ inline v8f fmadd(v8f a, v8f b, v8f c) {
   return __builtin_ia32_vfmaddps256(a, b, c);  // explicit, so -ffp-contract=off cannot split it
 #endif
 }
+#if FLOWC_GEMM_AVX512
+inline vkf fmaddk(vkf a, vkf b, vkf c) {
+#if defined(__clang__)
+  return a * b + c;
+#else
+  return __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xFFFF, 4);  // 4: current rounding
+#endif
+}
+#else
+inline vkf fmaddk(vkf a, vkf b, vkf c) { return fmadd(a, b, c); }
+#endif
 #if defined(__clang__)
 #define FLOWC_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -436,7 +466,7 @@ inline void pack_a(const float* A, int lda, bool trans_a, int M, int i0, int mb,
   }
 }
 
-// Pack opB(k0:k0+kb, j0:j0+nb) into 16-column micro-panels at dst (64-byte aligned).
+// Pack opB(k0:k0+kb, j0:j0+nb) into kNR-column micro-panels at dst (64-byte aligned).
 inline void pack_b(const float* B, int ldb, bool trans_b, int j0, int nb, int k0, int kb, float* dst) {
   for (int jp = 0; jp < nb; jp += kNR, dst += (std::size_t)kNR * kb) {
     const int j = j0 + jp;
@@ -447,8 +477,7 @@ inline void pack_b(const float* B, int ldb, bool trans_b, int j0, int nb, int k0
       if (nr == kNR) {
         for (int k = 0; k < kb; ++k) {
           const float* s = src + (std::size_t)k * ldb;
-          store(dst + (std::size_t)k * kNR, loadu(s));
-          store(dst + (std::size_t)k * kNR + 8, loadu(s + 8));
+          for (int h = 0; h < kNR; h += 8) store(dst + (std::size_t)k * kNR + h, loadu(s + h));
         }
       } else {
         for (int k = 0; k < kb; ++k)
@@ -456,16 +485,16 @@ inline void pack_b(const float* B, int ldb, bool trans_b, int j0, int nb, int k0
             dst[(std::size_t)k * kNR + c] = c < nr ? src[(std::size_t)k * ldb + c] : 0.0f;
       }
     } else {
-      // opB(k,j) = B[j*ldb+k]: each column j is contiguous in k -> two 8x8 transposes per 8 k.
+      // opB(k,j) = B[j*ldb+k]: each column j is contiguous in k -> kNR/8 8x8 transposes per 8 k.
       const float* src = B + (std::size_t)j * ldb + k0;
       int k = 0;
       if (nr == kNR) {
         for (; k + 8 <= kb; k += 8) {
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < kNR; h += 8) {
             v8f r[8];
-            for (int q = 0; q < 8; ++q) r[q] = loadu(src + (std::size_t)(8 * h + q) * ldb + k);
+            for (int q = 0; q < 8; ++q) r[q] = loadu(src + (std::size_t)(h + q) * ldb + k);
             transpose8(r);
-            for (int q = 0; q < 8; ++q) store(dst + (std::size_t)(k + q) * kNR + 8 * h, r[q]);
+            for (int q = 0; q < 8; ++q) store(dst + (std::size_t)(k + q) * kNR + h, r[q]);
           }
         }
       }
@@ -477,7 +506,7 @@ inline void pack_b(const float* B, int ldb, bool trans_b, int j0, int nb, int k0
 }
 
 // Pack an indexed B, opB(k, j) = B[rows[k] + cols[j]], like pack_b.  A micro-panel whose 16
-// column offsets are consecutive is two plain loads per k; any other is 16 scalar copies.
+// column offsets are consecutive is kNR/8 plain loads per k; any other is kNR scalar copies.
 inline void pack_b_indexed(const float* B, const int* rows, const int* cols, int j0, int nb, int k0,
                            int kb, float* dst) {
   for (int jp = 0; jp < nb; jp += kNR, dst += (std::size_t)kNR * kb) {
@@ -495,8 +524,7 @@ inline void pack_b_indexed(const float* B, const int* rows, const int* cols, int
     if (consecutive) {
       for (int k = 0; k < kb; ++k) {
         const float* s = B + rows[k0 + k] + idx[0];
-        store(dst + (std::size_t)k * kNR, loadu(s));
-        store(dst + (std::size_t)k * kNR + 8, loadu(s + 8));
+        for (int h = 0; h < kNR; h += 8) store(dst + (std::size_t)k * kNR + h, loadu(s + h));
       }
       continue;
     }
@@ -509,11 +537,11 @@ inline void pack_b_indexed(const float* B, const int* rows, const int* cols, int
   }
 }
 
-// Stores a micro-tile's 6x16 accumulators at c (rows ldc floats apart), added to what is there when
-// `accumulate`: the GEMM micro-kernel and the direct convolution's tile (im2col.h) end alike.
-__attribute__((always_inline)) inline void store_tile_6x16(
-    float* c, std::ptrdiff_t ldc, bool accumulate, v8f c00, v8f c01, v8f c10, v8f c11, v8f c20, v8f c21,
-    v8f c30, v8f c31, v8f c40, v8f c41, v8f c50, v8f c51) {
+// Stores a micro-tile's 6 x kNR accumulators at c (rows ldc floats apart), added to what is there
+// when `accumulate`: the GEMM micro-kernel and the direct convolution's tile (im2col.h) end alike.
+__attribute__((always_inline)) inline void store_tile(
+    float* c, std::ptrdiff_t ldc, bool accumulate, vkf c00, vkf c01, vkf c10, vkf c11, vkf c20, vkf c21,
+    vkf c30, vkf c31, vkf c40, vkf c41, vkf c50, vkf c51) {
   float* r0 = c;
   float* r1 = r0 + ldc;
   float* r2 = r1 + ldc;
@@ -521,51 +549,51 @@ __attribute__((always_inline)) inline void store_tile_6x16(
   float* r4 = r3 + ldc;
   float* r5 = r4 + ldc;
   if (accumulate) {
-    c00 += loadu(r0); c01 += loadu(r0 + 8);
-    c10 += loadu(r1); c11 += loadu(r1 + 8);
-    c20 += loadu(r2); c21 += loadu(r2 + 8);
-    c30 += loadu(r3); c31 += loadu(r3 + 8);
-    c40 += loadu(r4); c41 += loadu(r4 + 8);
-    c50 += loadu(r5); c51 += loadu(r5 + 8);
+    c00 += loadku(r0); c01 += loadku(r0 + kVL);
+    c10 += loadku(r1); c11 += loadku(r1 + kVL);
+    c20 += loadku(r2); c21 += loadku(r2 + kVL);
+    c30 += loadku(r3); c31 += loadku(r3 + kVL);
+    c40 += loadku(r4); c41 += loadku(r4 + kVL);
+    c50 += loadku(r5); c51 += loadku(r5 + kVL);
   }
-  storeu(r0, c00); storeu(r0 + 8, c01);
-  storeu(r1, c10); storeu(r1 + 8, c11);
-  storeu(r2, c20); storeu(r2 + 8, c21);
-  storeu(r3, c30); storeu(r3 + 8, c31);
-  storeu(r4, c40); storeu(r4 + 8, c41);
-  storeu(r5, c50); storeu(r5 + 8, c51);
+  storeku(r0, c00); storeku(r0 + kVL, c01);
+  storeku(r1, c10); storeku(r1 + kVL, c11);
+  storeku(r2, c20); storeku(r2 + kVL, c21);
+  storeku(r3, c30); storeku(r3 + kVL, c31);
+  storeku(r4, c40); storeku(r4 + kVL, c41);
+  storeku(r5, c50); storeku(r5 + kVL, c51);
 }
 
-// 6x16 micro-kernel: acc = sum_k a[k*6+r] * b[k*16+c]; then C = acc (first K chunk) or C += acc.
-inline void kernel_6x16(int kc, const float* __restrict a, const float* __restrict b, float* c,
+// 6 x kNR micro-kernel: acc = sum_k a[k*6+r] * b[k*kNR+c]; then C = acc (first K chunk) or C += acc.
+inline void kernel_6xNR(int kc, const float* __restrict a, const float* __restrict b, float* c,
                         int ldc, bool accumulate) {
-  v8f c00 = v8f{}, c01 = v8f{};
-  v8f c10 = v8f{}, c11 = v8f{};
-  v8f c20 = v8f{}, c21 = v8f{};
-  v8f c30 = v8f{}, c31 = v8f{};
-  v8f c40 = v8f{}, c41 = v8f{};
-  v8f c50 = v8f{}, c51 = v8f{};
+  vkf c00 = vkf{}, c01 = vkf{};
+  vkf c10 = vkf{}, c11 = vkf{};
+  vkf c20 = vkf{}, c21 = vkf{};
+  vkf c30 = vkf{}, c31 = vkf{};
+  vkf c40 = vkf{}, c41 = vkf{};
+  vkf c50 = vkf{}, c51 = vkf{};
 #pragma GCC unroll 4
   for (int k = 0; k < kc; ++k) {
-    const v8f b0 = load(b), b1 = load(b + 8);
-    v8f av;
-    av = splat(a[0]); c00 = fmadd(av, b0, c00); c01 = fmadd(av, b1, c01);
-    av = splat(a[1]); c10 = fmadd(av, b0, c10); c11 = fmadd(av, b1, c11);
-    av = splat(a[2]); c20 = fmadd(av, b0, c20); c21 = fmadd(av, b1, c21);
-    av = splat(a[3]); c30 = fmadd(av, b0, c30); c31 = fmadd(av, b1, c31);
-    av = splat(a[4]); c40 = fmadd(av, b0, c40); c41 = fmadd(av, b1, c41);
-    av = splat(a[5]); c50 = fmadd(av, b0, c50); c51 = fmadd(av, b1, c51);
+    const vkf b0 = loadk(b), b1 = loadk(b + kVL);
+    vkf av;
+    av = splatk(a[0]); c00 = fmaddk(av, b0, c00); c01 = fmaddk(av, b1, c01);
+    av = splatk(a[1]); c10 = fmaddk(av, b0, c10); c11 = fmaddk(av, b1, c11);
+    av = splatk(a[2]); c20 = fmaddk(av, b0, c20); c21 = fmaddk(av, b1, c21);
+    av = splatk(a[3]); c30 = fmaddk(av, b0, c30); c31 = fmaddk(av, b1, c31);
+    av = splatk(a[4]); c40 = fmaddk(av, b0, c40); c41 = fmaddk(av, b1, c41);
+    av = splatk(a[5]); c50 = fmaddk(av, b0, c50); c51 = fmaddk(av, b1, c51);
     a += kMR;
     b += kNR;
   }
-  store_tile_6x16(c, ldc, accumulate, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
+  store_tile(c, ldc, accumulate, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
 }
 
-// Edge micro-tile (mr < 6 or nr < 16): run the full kernel into a local tile, copy the valid part.
+// Edge micro-tile (mr < 6 or nr < kNR): run the full kernel into a local tile, copy the valid part.
 inline void kernel_edge(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr,
                         bool accumulate) {
-  alignas(32) float tmp[kMR * kNR];
-  kernel_6x16(kc, a, b, tmp, kNR, false);
+  alignas(64) float tmp[kMR * kNR];
+  kernel_6xNR(kc, a, b, tmp, kNR, false);
   for (int r = 0; r < mr; ++r) {
     float* crow = c + (std::size_t)r * ldc;
     const float* trow = tmp + r * kNR;
@@ -608,7 +636,7 @@ FLOWC_GEMM_NOINLINE FLOWC_CORE_INLINE void f32_tile(const Problem<float>& pr, co
         const float* ap = buf.a + (std::size_t)ip * kb;
         float* cp = pr.C + (std::size_t)(i0 + ip) * pr.ldc + j0 + jp;
         if (mr == kMR && nr == kNR)
-          kernel_6x16(kb, ap, bp, cp, pr.ldc, acc);
+          kernel_6xNR(kb, ap, bp, cp, pr.ldc, acc);
         else
           kernel_edge(kb, ap, bp, cp, pr.ldc, mr, nr, acc);
       }

@@ -83,19 +83,19 @@ struct ImplicitConv {
 // gradient all have the form
 //   R(m, n) = sum_k src[m_off[m] + k_off[k]] * B(k, n)
 // with src one image's (padded) channel group read through two offset tables, and B a matrix
-// packed once into 16-column panels (pack_panels: B(k, n) = from[n_off[n] + k_off[k]]):
+// packed once into kConvNR-column panels (pack_panels: B(k, n) = from[n_off[n] + k_off[k]]):
 //   forward:         m = output pixel, k = (c, i, j) tap,     n = filter;  B = the weights
 //   input gradient:  m = input pixel,  k = (f, i, j) tap of dy, n = channel; B = flipped weights
 //   filter gradient: m = (c, i, j) tap, k = output pixel,     n = filter;  B = dy of the image
-// The 6x16 micro-kernel broadcasts the src values of 6 rows m (6 base pointers, one shared
+// The 6 x kConvNR micro-kernel (6x16; 6x32 with AVX-512) broadcasts the src values of 6 rows m (6 base pointers, one shared
 // offset k_off[k] per step) against two 8-wide loads of the packed B: no column matrix and no
-// packing of the image, 6 x 16 = 96 accumulators in 12 registers.  The M tiling wastes at most 5
+// packing of the image, 6 x kConvNR accumulators in 12 registers.  The M tiling wastes at most 5
 // rows (the forward's 196 pixels run as 198), the N tiling nothing when the filters are a
-// multiple of 16.  Results go out either transposed (out[n * ldo + m], the NCHW layout of the
+// multiple of kConvNR.  Results go out either transposed (out[n * ldo + m], the NCHW layout of the
 // forward and input gradient, only the valid rows and columns) or added as rows
-// (out[m * ldo + n], 16 columns per row: the filter gradient's per-thread [taps][filters] sums).
+// (out[m * ldo + n], kConvNR columns per row: the filter gradient's per-thread [taps][filters] sums).
 // ---------------------------------------------------------------------------------------------
-constexpr int kConvNR = 16;  // B panel width
+constexpr int kConvNR = gemm_detail::kNR;  // B panel width: 16, or 32 with AVX-512 (two kernel vectors)
 constexpr int kConvMR = 6;   // rows per micro-tile
 
 // {0, step, 2 * step, ...}: n offsets, the row starts of a row-major matrix (or 0..n-1 for step 1).
@@ -202,7 +202,7 @@ constexpr int64_t conv_panel_floats(int64_t n, int64_t k) {
   return (n + kConvNR - 1) / kConvNR * kConvNR * k;
 }
 
-// dst[(n / 16) * K * 16 + k * 16 + n % 16] = from[n_off[n] + k_off[k]]; columns n >= N are 0.
+// dst[(n / NR) * K * NR + k * NR + n % NR] = from  (NR = kConvNR)[n_off[n] + k_off[k]]; columns n >= N are 0.
 template <class T>
 inline void pack_panels_generic(const T* from, const int* n_off, int N, const int* k_off, int K, T* dst) {
   for (int n0 = 0; n0 < N; n0 += kConvNR, dst += (size_t)kConvNR * K) {
@@ -250,31 +250,31 @@ void conv_tiles_f32(const float* src, const int* m_off, int M, const int* k_off,
                     int N, float* out, int64_t ldo, bool add_rows);
 #elif FLOWC_GEMM_AVX2
 namespace gemm_detail {
-// acc(r, c) = sum_k s_r[k_off[k]] * b[k * 16 + c] for r < 6, c < 16; then written to tile rows
-// (tile + r * ldt, 16 floats each), added to them when `add`.
-inline void conv_kernel_6x16(int K, const float* s0, const float* s1, const float* s2, const float* s3,
+// acc(r, c) = sum_k s_r[k_off[k]] * b[k * kConvNR + c] for r < 6, c < kConvNR; then written to tile
+// rows (tile + r * ldt, kConvNR floats each), added to them when `add`.
+inline void conv_kernel_6xNR(int K, const float* s0, const float* s1, const float* s2, const float* s3,
                              const float* s4, const float* s5, const int* __restrict k_off,
                              const float* __restrict b, float* tile, int64_t ldt, bool add) {
-  v8f c00 = v8f{}, c01 = v8f{};
-  v8f c10 = v8f{}, c11 = v8f{};
-  v8f c20 = v8f{}, c21 = v8f{};
-  v8f c30 = v8f{}, c31 = v8f{};
-  v8f c40 = v8f{}, c41 = v8f{};
-  v8f c50 = v8f{}, c51 = v8f{};
+  vkf c00 = vkf{}, c01 = vkf{};
+  vkf c10 = vkf{}, c11 = vkf{};
+  vkf c20 = vkf{}, c21 = vkf{};
+  vkf c30 = vkf{}, c31 = vkf{};
+  vkf c40 = vkf{}, c41 = vkf{};
+  vkf c50 = vkf{}, c51 = vkf{};
 #pragma GCC unroll 4
   for (int k = 0; k < K; ++k) {
     const int o = k_off[k];
-    const v8f b0 = loadu(b), b1 = loadu(b + 8);  // the panels need not be 32-byte aligned
-    v8f av;
-    av = splat(s0[o]); c00 = fmadd(av, b0, c00); c01 = fmadd(av, b1, c01);
-    av = splat(s1[o]); c10 = fmadd(av, b0, c10); c11 = fmadd(av, b1, c11);
-    av = splat(s2[o]); c20 = fmadd(av, b0, c20); c21 = fmadd(av, b1, c21);
-    av = splat(s3[o]); c30 = fmadd(av, b0, c30); c31 = fmadd(av, b1, c31);
-    av = splat(s4[o]); c40 = fmadd(av, b0, c40); c41 = fmadd(av, b1, c41);
-    av = splat(s5[o]); c50 = fmadd(av, b0, c50); c51 = fmadd(av, b1, c51);
+    const vkf b0 = loadku(b), b1 = loadku(b + kVL);  // the panels need not be aligned
+    vkf av;
+    av = splatk(s0[o]); c00 = fmaddk(av, b0, c00); c01 = fmaddk(av, b1, c01);
+    av = splatk(s1[o]); c10 = fmaddk(av, b0, c10); c11 = fmaddk(av, b1, c11);
+    av = splatk(s2[o]); c20 = fmaddk(av, b0, c20); c21 = fmaddk(av, b1, c21);
+    av = splatk(s3[o]); c30 = fmaddk(av, b0, c30); c31 = fmaddk(av, b1, c31);
+    av = splatk(s4[o]); c40 = fmaddk(av, b0, c40); c41 = fmaddk(av, b1, c41);
+    av = splatk(s5[o]); c50 = fmaddk(av, b0, c50); c51 = fmaddk(av, b1, c51);
     b += kConvNR;
   }
-  store_tile_6x16(tile, ldt, add, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
+  store_tile(tile, ldt, add, c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51);
 }
 }  // namespace gemm_detail
 
@@ -285,7 +285,7 @@ inline void conv_kernel_6x16(int K, const float* s0, const float* s1, const floa
 #endif
 FLOWC_CONV_EXPORT void pack_panels_f32(const float* from, const int* n_off, int N, const int* k_off, int K,
                                        float* dst) {
-  // Consecutive k offsets (dy's rows, the forward's weights): 16 rows x 8 k through two 8x8
+  // Consecutive k offsets (dy's rows, the forward's weights): kConvNR rows x 8 k through 8x8
   // register transposes, instead of 128 scalar copies with 64-byte strided stores.
   bool consecutive = K > 0;
   for (int k = 1; k < K && consecutive; ++k) consecutive = k_off[k] == k_off[0] + k;
@@ -313,7 +313,7 @@ FLOWC_CONV_EXPORT void pack_panels_f32(const float* from, const int* n_off, int 
 
 FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M, const int* k_off, int K,
                                       const float* bpack, int N, float* out, int64_t ldo, bool add_rows) {
-  alignas(32) float tile[kConvMR * kConvNR];
+  alignas(64) float tile[kConvMR * kConvNR];
   for (int n0 = 0; n0 < N; n0 += kConvNR) {
     const float* bp = bpack + (size_t)n0 * K;
     const int nv = N - n0 < kConvNR ? N - n0 : kConvNR;
@@ -323,11 +323,11 @@ FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M,
       for (int r = 0; r < kConvMR; ++r) s[r] = src + m_off[m0 + (r < mv ? r : mv - 1)];
       if (add_rows) {
         // Rows past M land in the caller's padding rows (it allocates M rounded up to 6).
-        gemm_detail::conv_kernel_6x16(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp,
+        gemm_detail::conv_kernel_6xNR(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp,
                                       out + m0 * ldo + n0, ldo, true);
         continue;
       }
-      gemm_detail::conv_kernel_6x16(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp, tile, kConvNR, false);
+      gemm_detail::conv_kernel_6xNR(K, s[0], s[1], s[2], s[3], s[4], s[5], k_off, bp, tile, kConvNR, false);
       // Transposed out, 8 columns at a time through an 8x8 register transpose.  When 8 floats fit
       // before the row's end, each column goes out as one 8-wide store whose last 2 floats are
       // junk: they belong to the next tile of the same rows, which overwrites them.
@@ -355,7 +355,7 @@ FLOWC_CONV_EXPORT void conv_tiles_f32(const float* src, const int* m_off, int M,
 #undef FLOWC_CONV_EXPORT
 #endif
 
-// pack_panels / conv_tiles for any T: float with AVX2 runs the 6x16 kernel (in the core library).
+// pack_panels / conv_tiles for any T: float with AVX2 runs the 6 x kConvNR kernel (in the core library).
 template <class T>
 inline void pack_panels(const T* from, const int* n_off, int N, const int* k_off, int K, T* dst) {
 #if FLOWC_GEMM_AVX2

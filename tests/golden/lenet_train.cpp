@@ -445,8 +445,8 @@ FLOWC_KERNEL void conv2d_grad_filter_47(const float* FLOWC_RESTRICT b8, const fl
   static const flowc::ImplicitConv conv(geo);
   static const std::vector<int> dy_rows = flowc::iota_offsets(64, 196),
                                 dy_cols = flowc::iota_offsets(196, 1);
-  // One group's partial: [K rounded up to 6 rows][Fg rounded up to 16 columns].
-  constexpr int64_t kLd = (64 + 15) / 16 * 16, kRows = (800 + 5) / 6 * 6;
+  // One group's partial: [K rounded up to 6 rows][Fg rounded up to the panel width, 16 or 32].
+  constexpr int64_t kLd = flowc::conv_panel_floats(64, 1), kRows = (800 + 5) / 6 * 6;
   constexpr int64_t kSize = 1 * kRows * kLd;
   static std::vector<float> partials;   // [threads, kSize]; grows once, reused every step
   int threads = 1;
@@ -615,8 +615,8 @@ FLOWC_KERNEL void conv2d_grad_filter_53(const float* FLOWC_RESTRICT b0, const fl
   static const flowc::ImplicitConv conv(geo);
   static const std::vector<int> dy_rows = flowc::iota_offsets(32, 784),
                                 dy_cols = flowc::iota_offsets(784, 1);
-  // One group's partial: [K rounded up to 6 rows][Fg rounded up to 16 columns].
-  constexpr int64_t kLd = (32 + 15) / 16 * 16, kRows = (25 + 5) / 6 * 6;
+  // One group's partial: [K rounded up to 6 rows][Fg rounded up to the panel width, 16 or 32].
+  constexpr int64_t kLd = flowc::conv_panel_floats(32, 1), kRows = (25 + 5) / 6 * 6;
   constexpr int64_t kSize = 1 * kRows * kLd;
   static std::vector<float> partials;   // [threads, kSize]; grows once, reused every step
   int threads = 1;
