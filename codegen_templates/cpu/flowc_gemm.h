@@ -93,10 +93,16 @@
 // On the 2-vCPU VM that runs the benchmarks the team is rarely warm, though: between two steps
 // (Python feeding the next call) the worker parks, and waking it costs 50-150 us there. Measured
 // inside the MLP train step (FLOWC_PROFILE, 2000 steps), the three 1 MFLOP products took 75-140 us
-// each on 2 threads against 30-45 us on one, so the threshold is 4 MFLOP: the products that gain
-// from a second core by more than a wake-up (the 80 MFLOP ones: 1.1 -> 0.8 ms) still get it.
+// each on 2 threads against 30-45 us on one, so the threshold was 4 MFLOP.  Since then a synchronous
+// call runs its step on the caller's thread (runtime/pipeline.py run_now) about 15 us after the
+// previous one, and libgomp's default wait policy keeps the worker spinning that long, so the team
+// is warm again.  Measured on the 2-vCPU Zen5 VM (AVX-512 kernels, default wait policy, idle):
+// the MLP predict's 100x10x512 logits right after its 100x512x784 product, 31 -> 22 us (mean of
+// 3000); inside the MLP train step (FLOWC_PROFILE, 3000 steps) the three 1 MFLOP products
+// 34 -> 28, 28 -> 25 and 12.7 -> 12.2 us.  Hence 0.9 MFLOP.  With OMP_WAIT_POLICY=passive (the
+// test suite's setting) a worker parks at once and every region pays a wake-up.
 #ifndef FLOWC_GEMM_PAR_MIN_FLOPS
-#define FLOWC_GEMM_PAR_MIN_FLOPS 4000000.0
+#define FLOWC_GEMM_PAR_MIN_FLOPS 900000.0
 #endif
 
 // Tiles are claimed from a shared counter (1) rather than split statically (0). On a 2-vCPU box
