@@ -121,7 +121,7 @@ class Jobs(NamedTuple):
     eval_generator: Callable
 
 
-def make_jobs(config: DCGANConfig) -> Jobs:
+def make_jobs(config: DCGANConfig = CONFIGS["tiny"]) -> Jobs:
     """The generator and discriminator train jobs and the generator's predict job for `config`.
 
     `train_generator(z)` returns (generator loss, the fakes); `train_discriminator(z, images)` returns
