@@ -2,8 +2,13 @@
 builds its jobs inside `make_jobs()` (examples/models, issue 15)."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import numpy as np
 
 import pytest
 
@@ -88,3 +93,33 @@ def test_a_module_with_neither_jobs_nor_make_jobs_names_both(tmp_path, capsys):
     assert flowc_main(["show", str(module), "--memory"]) == 2
     err = capsys.readouterr().err
     assert "no @flow.global_function found" in err and "make_jobs()" in err
+
+
+# ------------------------------------------------------------- examples/models/memory.py (peak RSS)
+
+def _memory_module():
+    sys.path.insert(0, str(ROOT / "examples" / "models"))
+    import memory
+    return memory
+
+
+def test_the_high_water_mark_resets_to_the_current_resident_set():
+    memory = _memory_module()
+    block = np.ones(64 << 20, np.uint8)           # 64 MiB touched, then freed
+    high = memory.status_kib("VmHWM")
+    del block
+    memory.reset_peak()
+    after = memory.status_kib("VmHWM")
+    assert after <= memory.status_kib("VmRSS") + 1024 and after < high - 32 * 1024
+
+
+@pytest.mark.slow
+def test_the_memory_script_measures_both_frameworks():
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "models" / "memory.py"), "dcgan:tiny"],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    assert [r[:2] for r in rows] == [["dcgan:tiny", "flowc"], ["dcgan:tiny", "torch"]]
+    for row in rows:
+        base, peak = float(row[2]), float(row[3])
+        assert 0 < base < peak
