@@ -62,6 +62,12 @@ class Bert(nn.Module):
         self.transform, self.transform_norm = nn.Linear(h, h), nn.LayerNorm(h, eps=1e-5)
         self.output_bias = nn.Parameter(torch.ones(c.vocab_size))
         self.pooler, self.seq_relationship = nn.Linear(h, h), nn.Linear(h, 2)
+        for m in self.modules():             # bert.py's initializers: N(0, 0.02) (truncated there), zero biases
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(m.weight, std=c.initializer_range, a=-2 * c.initializer_range,
+                                      b=2 * c.initializer_range)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, ids, mask, types, positions, lm_ids, lm_weights, ns_labels) -> torch.Tensor:
         s = self.c.seq_length
@@ -177,7 +183,7 @@ def _dcgan_step(config) -> Callable[[], float]:
         g_opt.zero_grad(set_to_none=True)
         g_loss.backward()                       # D's parameters get gradients here but are not stepped
         g_opt.step()
-        return float(d_loss) + float(g_loss)
+        return d_loss.item() + g_loss.item()
     return step
 
 
@@ -191,7 +197,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: list, clip: float
         if clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-        return float(loss)
+        return loss.item()
     return step
 
 
