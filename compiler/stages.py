@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from flowc.compiler.memory_report import MemorySummary, summarize, with_summary
 from flowc.compiler.passes.memory import MemoryPlan
 from flowc.compiler.pipeline import PASSES, CompiledStep, PassRecord, Program
 
@@ -29,13 +30,22 @@ def pass_names() -> list[str]:
 
 @dataclass
 class MemoryPlanView:
-    """The memory plan of a compiled job, with its peak and its printout."""
+    """The memory plan of a compiled job, with its peak and its printout (the summary as its second line)."""
     plan: MemoryPlan
     text: str
+    summary: MemorySummary | None = None
 
     @property
     def peak_bytes(self) -> int:
+        """The arena's size: the most bytes of intermediate values the step holds at once (with the gaps
+        the planner's offsets leave)."""
         return self.plan.arena_bytes
+
+    @classmethod
+    def of(cls, program: Program) -> MemoryPlanView:
+        memory, kernels = program.require_memory(), program.require_kernels()
+        summary = summarize(memory, kernels)
+        return cls(memory, with_summary(memory.format(program.graph, kernels), summary), summary)
 
     def __str__(self) -> str:
         return self.text
@@ -97,8 +107,7 @@ class Lowered:
         return to_dot(self.program)
 
     def memory_plan(self) -> MemoryPlanView:
-        memory = self.program.require_memory()
-        return MemoryPlanView(memory, memory.format(self.program.graph, self.program.require_kernels()))
+        return MemoryPlanView.of(self.program)
 
     def compile(self, arch: str | None = None) -> Compiled:
         """Render the source and build it (a cache hit builds nothing).
@@ -150,9 +159,7 @@ class Compiled:
         return self.step.generated.source
 
     def memory_plan(self) -> MemoryPlanView:
-        program = self.step.program
-        memory = program.require_memory()
-        return MemoryPlanView(memory, memory.format(program.graph, program.require_kernels()))
+        return MemoryPlanView.of(self.step.program)
 
     def lowered(self) -> Lowered:
         return Lowered(self.step.program, self.step.passes, dict(self.step.timings),

@@ -219,7 +219,7 @@ def optimizer(name: str, total_steps: int, base_lr: float = 1e-3, warmup_steps: 
 
 # --------------------------------------------------------------------------------------------- jobs
 
-def make_jobs(config: BertConfig, optimizer_name: str = "adamw", total_steps: int = 100,
+def make_jobs(config: BertConfig = CONFIGS["tiny"], optimizer_name: str = "adamw", total_steps: int = 100,
               base_lr: float = 1e-3, warmup_steps: int | None = None) -> Tuple[Callable, Callable]:
     """(train job, predict job) for `config`: the train job returns the total loss, the predict job
     (masked-LM logits (B * P, vocab), next-sentence logits (B, 2)).  Both take the seven batch arrays

@@ -17,7 +17,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:tiny", "wide_and_deep:small", "wide_and_deep:large"]
+ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:tiny", "wide_and_deep:small", "wide_and_deep:large",
+       "dcgan:tiny", "dcgan:mnist"]
 
 
 def measure(target: str) -> dict:
@@ -27,7 +28,7 @@ def measure(target: str) -> dict:
     model_name, config_name = target.split(":")
     model = __import__(model_name)
     start = time.perf_counter()
-    train, _ = model.make_jobs(model.CONFIGS[config_name])
+    train = model.make_jobs(model.CONFIGS[config_name])[0]          # the (first) train job
     lowered = train.lower()
     traced_nodes = len(train._trace(default_session()).graph.nodes)
     compiled = lowered.compile()

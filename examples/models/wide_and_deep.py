@@ -78,7 +78,7 @@ def wide_and_deep(dense_fields, wide_sparse_fields, deep_sparse_fields, config: 
     return wide_scores + deep_scores
 
 
-def make_jobs(config: WideDeepConfig) -> Tuple[Callable, Callable]:
+def make_jobs(config: WideDeepConfig = CONFIGS["tiny"]) -> Tuple[Callable, Callable]:
     """(train job, predict job) for `config`: both take (labels, dense, wide sparse, deep sparse) as
     `synthetic_batch` makes them; the train job returns the per-example loss (B, 1), the predict job
     (loss, click probability), both (B, 1).

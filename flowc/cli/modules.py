@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 class CliError(Exception):
@@ -122,15 +123,47 @@ def _user_traceback(error: BaseException, path: Path) -> str:
     return "".join(lines + traceback.format_exception_only(type(error), error)).rstrip()
 
 
-def find_jobs(module: ModuleType, names: list[str] | None = None) -> list:
-    """The module's `@flow.global_function` jobs (all, or those named), in definition order."""
+FACTORY = "make_jobs"     # the model zoo's way (examples/models): the jobs are built inside a function
+
+
+def _collect_jobs(values: Iterable[object]) -> dict:
+    """name -> job of the JobFunctions among `values` (the first of each name)."""
     from flowc.runtime.job import JobFunction
-    jobs = {}
-    for value in vars(module).values():
+    jobs: dict = {}
+    for value in values:
         if isinstance(value, JobFunction) and value.name not in jobs:
             jobs[value.name] = value
+    return jobs
+
+
+def _jobs_of_factory(module: ModuleType) -> list:
+    """What the module's `make_jobs()` returns (a job, or a tuple, list, named tuple or dict of them),
+    called with no arguments: a module that builds its jobs inside a function names its default build
+    by giving that function's parameters defaults."""
+    factory = getattr(module, FACTORY, None)
+    if not callable(factory):
+        return []
+    required = [p.name for p in inspect.signature(factory).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                                      p.KEYWORD_ONLY)]
+    if required:
+        raise CliError(f"{Path(module.__file__ or module.__name__).name} has no job at module level and its "
+                       f"{FACTORY}() needs arguments ({', '.join(required)}); give them defaults")
+    built = factory()
+    if isinstance(built, dict):
+        return list(built.values())
+    return list(built) if isinstance(built, (tuple, list)) else [built]
+
+
+def find_jobs(module: ModuleType, names: list[str] | None = None) -> list:
+    """The module's `@flow.global_function` jobs (all, or those named), in definition order: those at
+    module level, or else those a module-level `make_jobs()` (no arguments) returns."""
+    jobs = _collect_jobs(vars(module).values())
     if not jobs:
-        raise CliError(f"no @flow.global_function found in {module.__file__}")
+        jobs = _collect_jobs(_jobs_of_factory(module))
+    if not jobs:
+        raise CliError(f"no @flow.global_function found in {module.__file__} (at module level, or returned "
+                       f"by a module-level `{FACTORY}()`)")
     if not names:
         return list(jobs.values())
     unknown = [n for n in names if n not in jobs]
