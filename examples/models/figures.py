@@ -17,7 +17,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:tiny", "wide_and_deep:small", "wide_and_deep:large"]
+ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:tiny", "wide_and_deep:small", "wide_and_deep:large",
+       "resnet:tiny", "resnet:resnet18", "resnet:resnet50"]
 
 
 def measure(target: str) -> dict:
