@@ -186,10 +186,11 @@ def optimizer(config: ResNetConfig, total_steps: int, warmup_steps: int | None =
 
 # --------------------------------------------------------------------------------------------- jobs
 
-def make_jobs(config: ResNetConfig, total_steps: int = 100,
+def make_jobs(config: ResNetConfig = CONFIGS["tiny"], total_steps: int = 100,
               warmup_steps: int | None = None) -> Tuple[Callable, Callable]:
     """(train job, predict job) for `config`: both take (images, labels) as `synthetic_batch` makes
     them; the train job returns the mean loss, the predict job the softmax probabilities (B, classes).
+    Without a config, the tiny one (for `flowc show` and the like).
 
     Example:
         train, predict = make_jobs(CONFIGS["tiny"], total_steps=10)
