@@ -95,6 +95,11 @@ def conv2d(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data
                               trainable, weight_name, bias_name)
 
 
+def _variable_name(ctx, blob: Blob) -> str:
+    """The full name (namespaces included) of the variable `blob` is the value of."""
+    return next(name for name, node in ctx.variable_nodes.items() if node == blob.id)
+
+
 def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
                         center: bool = True, scale: bool = True, beta_initializer=None, gamma_initializer=None,
                         beta_regularizer=None, gamma_regularizer=None, moving_mean_initializer=None,
@@ -139,9 +144,11 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
         centered = x - mean
         var = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
-        ctx.assigns[f"{name}-moving_mean"] = (mm_var * momentum + reshape(mean, [channels]) * (1 - momentum)).id
-        ctx.assigns[f"{name}-moving_variance"] = (mv_var * momentum
-                                                  + reshape(var, [channels]) * (1 - momentum)).id
+        # keyed by the variables' full names: under flow.scope.namespace("a") they are "a-<name>-moving_mean"
+        ctx.assigns[_variable_name(ctx, mm_var)] = (mm_var * momentum
+                                                     + reshape(mean, [channels]) * (1 - momentum)).id
+        ctx.assigns[_variable_name(ctx, mv_var)] = (mv_var * momentum
+                                                     + reshape(var, [channels]) * (1 - momentum)).id
     else:
         centered, var = x - moving_mean, moving_var
     out = centered / math.sqrt(var + epsilon)

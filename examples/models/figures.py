@@ -18,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:tiny", "wide_and_deep:small", "wide_and_deep:large",
-       "dcgan:tiny", "dcgan:mnist"]
+       "dcgan:tiny", "dcgan:mnist", "resnet:tiny", "resnet:resnet18", "resnet:resnet50"]
 
 
 def measure(target: str) -> dict:
