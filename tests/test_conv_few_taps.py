@@ -79,3 +79,19 @@ def test_the_filters_as_rows_path_is_taken_where_it_pays() -> None:
     assert "Few taps per output" in _source_of((1, 3, 8, 32), (4, 3, 3, 3))
     assert "Few taps per output" not in _source_of((1, 1, 28, 28), (4, 1, 5, 5))     # LeNet's rows: tiles
     assert "Few taps per output" not in _source_of((1, 16, 8, 32), (4, 16, 3, 3))    # 144 taps: tiles
+
+
+# Fewer images than threads: each image's pixel tiles are split between the threads (conv2d.cpp.j2's
+# slices), with the epilogue on each slice's part of the rows.
+SLICED = {
+    "batch1_same_bias_relu": (_conv_bias_relu, [rand(1, 8, 9, 11), rand(6, 8, 3, 3), rand(6)]),
+    "batch1_strided_grouped": (_conv(strides=2, groups=2), [rand(1, 8, 13, 10), rand(4, 4, 3, 3)]),
+    "batch1_one_pixel_row": (_conv(padding="VALID"), [rand(1, 16, 3, 40), rand(5, 16, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLICED))
+def test_single_images_split_between_threads_equal_the_reference(name: str) -> None:
+    fn, inputs = SLICED[name]
+    case = compile_case(fn, inputs)
+    assert_outputs_match(case.compiled, case.reference)

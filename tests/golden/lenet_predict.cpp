@@ -36,23 +36,37 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
   const flowc::ConvGeometry geo{ 1, 28, 28, 5, 5, 28, 28,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
-  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  // The weights as kConvNR-filter panels (16, or 32 with AVX-512), [group][panel][k][kConvNR]: B(k, f) = W[f, k].
   constexpr int64_t kPanel = flowc::conv_panel_floats(32, 25);
   static std::vector<float> wpack(kPanel * 1);
   static const std::vector<int> w_rows = flowc::iota_offsets(32, 25),
                                 w_cols = flowc::iota_offsets(25, 1);
-  for (int64_t g = 0; g < 1; ++g)
-    flowc::pack_panels<float>(b2 + g * 800, w_rows.data(), 32, w_cols.data(), 25,
-                                wpack.data() + g * kPanel);
-#pragma omp parallel for schedule(static) if(100 > 1)
-  for (int64_t n = 0; n < 100; ++n) {
+  // Work items (image, group, slice of the image's 6-pixel tiles): one slice per image and group,
+  // unless there are fewer of those than threads (a batch-1 predict), whose tiles are then split
+  // between the threads; each image is padded once, before them, and the weights are packed by
+  // all threads (a ResNet-50 at batch 1 repacks 100 MB of weights per call).
+  int64_t slices = 1;
+  constexpr int64_t kPanels = (32 + flowc::kConvNR - 1) / flowc::kConvNR;
+#pragma omp parallel for schedule(static) if(slices > 1)
+  for (int64_t gp = 0; gp < 1 * kPanels; ++gp) {
+    const int64_t g = gp / kPanels, f0 = gp % kPanels * flowc::kConvNR;
+    flowc::pack_panels<float>(b2 + g * 800, w_rows.data() + f0,
+                                (int)std::min<int64_t>(flowc::kConvNR, 32 - f0), w_cols.data(), 25,
+                                wpack.data() + g * kPanel + f0 * 25);
+  }
+  constexpr int64_t kTiles = (784 + 5) / 6;
+#pragma omp parallel for schedule(static) if(100 * slices > 1)
+  for (int64_t item = 0; item < 100 * slices; ++item) {
     static thread_local std::vector<float> padded;
-    for (int64_t g = 0; g < 1; ++g) {
-      const float* xg = b0 + (n * 1 + g * 1) * 784;
-      float* c_out = b3 + (n * 32 + g * 32) * 784;
-      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 784, conv.tap.data(), 25,
-                                 wpack.data() + g * kPanel, 32, c_out, 784, false);
-      auto epi = [=](int row, int j0, int cnt, float* c) {
+    const int64_t ng = item / slices, n = ng / 1, g = ng % 1, s = item % slices;
+    const int64_t m0 = kTiles * s / slices * 6, m1 = std::min<int64_t>(784, kTiles * (s + 1) / slices * 6);
+    if (m0 >= m1) continue;
+    const float* xg = b0 + (n * 1 + g * 1) * 784;
+    const float* src = conv.input(geo, xg, padded);
+    float* c_out = b3 + (n * 32 + g * 32) * 784;
+    flowc::conv_tiles<float>(src, conv.pixel.data() + m0, m1 - m0, conv.tap.data(), 25,
+                               wpack.data() + g * kPanel, 32, c_out + m0, 784, false);
+    auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 32 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -64,8 +78,7 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
           b7[i] = v7;
         }
       };
-      for (int row = 0; row < 32; ++row) epi(row, 0, 784, c_out + row * 784);
-    }
+    for (int row = 0; row < 32; ++row) epi(row, m0, m1 - m0, c_out + row * 784 + m0);
   }
 }
 
@@ -97,23 +110,37 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
   static const flowc::ImplicitConv conv(geo);
-  // The weights as 16-filter panels, [group][panel][k][16]: B(k, f) = W[f, k].
+  // The weights as kConvNR-filter panels (16, or 32 with AVX-512), [group][panel][k][kConvNR]: B(k, f) = W[f, k].
   constexpr int64_t kPanel = flowc::conv_panel_floats(64, 800);
   static std::vector<float> wpack(kPanel * 1);
   static const std::vector<int> w_rows = flowc::iota_offsets(64, 800),
                                 w_cols = flowc::iota_offsets(800, 1);
-  for (int64_t g = 0; g < 1; ++g)
-    flowc::pack_panels<float>(b9 + g * 51200, w_rows.data(), 64, w_cols.data(), 800,
-                                wpack.data() + g * kPanel);
-#pragma omp parallel for schedule(static) if(100 > 1)
-  for (int64_t n = 0; n < 100; ++n) {
+  // Work items (image, group, slice of the image's 6-pixel tiles): one slice per image and group,
+  // unless there are fewer of those than threads (a batch-1 predict), whose tiles are then split
+  // between the threads; each image is padded once, before them, and the weights are packed by
+  // all threads (a ResNet-50 at batch 1 repacks 100 MB of weights per call).
+  int64_t slices = 1;
+  constexpr int64_t kPanels = (64 + flowc::kConvNR - 1) / flowc::kConvNR;
+#pragma omp parallel for schedule(static) if(slices > 1)
+  for (int64_t gp = 0; gp < 1 * kPanels; ++gp) {
+    const int64_t g = gp / kPanels, f0 = gp % kPanels * flowc::kConvNR;
+    flowc::pack_panels<float>(b9 + g * 51200, w_rows.data() + f0,
+                                (int)std::min<int64_t>(flowc::kConvNR, 64 - f0), w_cols.data(), 800,
+                                wpack.data() + g * kPanel + f0 * 800);
+  }
+  constexpr int64_t kTiles = (196 + 5) / 6;
+#pragma omp parallel for schedule(static) if(100 * slices > 1)
+  for (int64_t item = 0; item < 100 * slices; ++item) {
     static thread_local std::vector<float> padded;
-    for (int64_t g = 0; g < 1; ++g) {
-      const float* xg = b8 + (n * 32 + g * 32) * 196;
-      float* c_out = b10 + (n * 64 + g * 64) * 196;
-      flowc::conv_tiles<float>(conv.input(geo, xg, padded), conv.pixel.data(), 196, conv.tap.data(), 800,
-                                 wpack.data() + g * kPanel, 64, c_out, 196, false);
-      auto epi = [=](int row, int j0, int cnt, float* c) {
+    const int64_t ng = item / slices, n = ng / 1, g = ng % 1, s = item % slices;
+    const int64_t m0 = kTiles * s / slices * 6, m1 = std::min<int64_t>(196, kTiles * (s + 1) / slices * 6);
+    if (m0 >= m1) continue;
+    const float* xg = b8 + (n * 32 + g * 32) * 196;
+    const float* src = conv.input(geo, xg, padded);
+    float* c_out = b10 + (n * 64 + g * 64) * 196;
+    flowc::conv_tiles<float>(src, conv.pixel.data() + m0, m1 - m0, conv.tap.data(), 800,
+                               wpack.data() + g * kPanel, 64, c_out + m0, 196, false);
+    auto epi = [=](int row, int j0, int cnt, float* c) {
         const int64_t i0 = n, i1 = g * 64 + row;
         for (int jj = 0; jj < cnt; ++jj) {
           const int64_t p = j0 + jj;
@@ -125,8 +152,7 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
           b14[i] = v14;
         }
       };
-      for (int row = 0; row < 64; ++row) epi(row, 0, 196, c_out + row * 196);
-    }
+    for (int row = 0; row < 64; ++row) epi(row, m0, m1 - m0, c_out + row * 196 + m0);
   }
 }
 
