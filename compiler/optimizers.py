@@ -752,10 +752,12 @@ class AdamW(Adam):
 
 
 class LazyAdam(Adam):
-    """LazyAdam: OneFlow updates only the rows of an embedding that have a gradient; on dense
-    gradients it is Adam with bias correction always on, kept in the state `<var>-beta1_t` and
+    """LazyAdam: Adam with bias correction always on, kept in the state `<var>-beta1_t` and
     `<var>-beta2_t` (shape (1,), from beta1 and beta2, multiplied by them after each step), with
-    `<var>-m`, `<var>-v`.  flowc's gradients are dense, so every element is updated.
+    `<var>-m`, `<var>-v`.  As in OneFlow, a variable read only by a gather (an embedding) is
+    updated at the batch's rows only: the other rows keep value, m and v (compiler/indexed_slices.py).
+    Other variables get the update at every element (OneFlow's dense kernel also skips elements whose
+    gradient is below 1e-12 in magnitude; flowc does not).
 
     Example:
         flow.optimizer.LazyAdam(flow.optimizer.PiecewiseConstantScheduler([], [0.001])).minimize(loss)
