@@ -13,8 +13,9 @@ made, and a row the batch did not use keeps its value and its state, bit for bit
 
 When it applies follows OneFlow 0.3.4 (its IndexedSlicesOptimizerRewritePass and its LazyAdam):
 
-* `LazyAdam` is always sparse: OneFlow's LazyAdam leaves the rows without a gradient untouched,
-  m and v included (its indexed_slices_lazy_adam kernel; its dense kernel skips zero gradients).
+* `LazyAdam` is always sparse: OneFlow's lazy_adam kernel leaves every element whose gradient is
+  below 1e-12 in magnitude untouched, m and v included, so updating only the batch's rows (with the
+  same rule, skip included: compiler/optimizers.py) gives the very values of the dense update.
 * `SGD` (momentum 0 or not) and `Adam`/`AdamW` without weight decay are sparse only for the
   variables named in `function_config().indexed_slices_optimizer_conf(dict(include_op_names=
   dict(op_name=[...])))`, as in OneFlow: for them the sparse update differs from the dense one
@@ -23,7 +24,8 @@ When it applies follows OneFlow 0.3.4 (its IndexedSlicesOptimizerRewritePass and
 * Never with a loss scale (static or dynamic), a regularizer on the variable, weight decay or
   gradient clipping: OneFlow's pass refuses an update with a scale, l1, l2 or weight decay, and
   a global-norm clip or a dynamic scale reads every gradient element; the dense update is used and
-  `sparse_update_plan` says why.  Other optimizers (RMSProp, LARS, LAMB) are dense, as in OneFlow.
+  `sparse_update_plan` says why (LazyAdam's dense update is still lazy, by its 1e-12 skip).  Other
+  optimizers (RMSProp, LARS, LAMB) are dense, as in OneFlow.
 """
 from __future__ import annotations
 

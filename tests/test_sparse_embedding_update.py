@@ -181,6 +181,27 @@ def test_the_sparse_gradient_equals_central_differences_and_sparse_sgd_equals_de
                                        err_msg=f"row {row}, col {col}")
 
 
+def test_lazy_adams_dense_update_is_lazy_too_and_equals_the_sparse_one():
+    """OneFlow's lazy_adam kernel skips elements whose gradient is below 1e-12: the dense update (here
+    forced by a loss scale of 1) leaves the rows without a gradient alone, and equals the sparse one."""
+    sparse, sparse_table = make_job("h15sp_lazy_sparse", "lazy_adam")
+    dense, dense_table = make_job("h15sp_lazy_dense", "lazy_adam",
+                                  loss_scale=flow.optimizer.loss_scale.static_loss_scale(1.0))
+    assert "scatter_rows" not in [n.op for n in lower(dense._trace(default_session()).graph).graph.nodes]
+    sparse._trace(default_session())
+    start = _values([sparse_table])[sparse_table]
+    default_session().value(dense_table)[...] = start
+    for step in range(3):
+        sparse(*_batch(step))
+        dense(*_batch(step))
+    for suffix in ("", "-m", "-v"):
+        got = _values([sparse_table + suffix, dense_table + suffix])
+        np.testing.assert_allclose(got[dense_table + suffix], got[sparse_table + suffix], rtol=1e-6, atol=1e-9,
+                                   err_msg=suffix)
+        assert got[dense_table + suffix][NEVER].tobytes() == got[sparse_table + suffix][NEVER].tobytes()
+    assert _values([dense_table])[dense_table][NEVER].tobytes() == start[NEVER].tobytes()
+
+
 @pytest.mark.parametrize("case,reason", [
     (dict(kind="adam", named=False), "not named in function_config().indexed_slices_optimizer_conf"),
     (dict(kind="rmsprop"), "RMSProp has no indexed-slices update"),
