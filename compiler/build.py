@@ -185,6 +185,10 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
         raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
     plans = {var: sparse_update_plan(optimizer, var, g, builder, indexed_slices, var in ctx.regularizers,
                                      optimizer.weight_decay_for(var)) for var, g in grads.items()}
+    for var in sorted(set(indexed_slices or ()) & set(plans)):
+        if not plans[var].sparse:     # the user asked for it by name: say why not (OneFlow is silent)
+            warnings.warn(f"{session.variables[var].defined_at}: function_config().indexed_slices_optimizer_conf "
+                          f"names {var!r}, but its update stays dense: {plans[var].reason}", UserWarning, stacklevel=2)
     for var, g in grads.items():
         e.loc = session.variables[var].defined_at
         if isinstance(policy, StaticLossScalePolicy):

@@ -210,7 +210,7 @@ def test_lazy_adams_dense_update_is_lazy_too_and_equals_the_sparse_one():
     (dict(kind="lazy_adam", loss_scale=flow.optimizer.loss_scale.static_loss_scale(8.0)), "loss scale"),
     (dict(kind="lazy_adam", clipping=flow.optimizer.grad_clipping.by_global_norm(1.0)), "clips gradients"),
 ])
-def test_oneflow_keeps_these_updates_dense(case, reason):
+def test_oneflow_keeps_these_updates_dense(case, reason, recwarn):
     from flowc.compiler import indexed_slices
     plans = []
     real = indexed_slices.sparse_update_plan
@@ -229,6 +229,10 @@ def test_oneflow_keeps_these_updates_dense(case, reason):
     ops = [n.op for n in graph.nodes]
     assert "scatter_rows" not in ops and "gather_grad" in ops
     assert any(reason in p.reason for p in plans), [p.reason for p in plans]
+    # a variable the conf names but that stays dense is said so, with the reason and its line
+    said = [str(w.message) for w in recwarn if "indexed_slices_optimizer_conf names" in str(w.message)]
+    named = case.get("named", True)
+    assert (len(said) == 1 and reason in said[0] and "test_sparse_embedding_update.py:" in said[0]) == named, said
 
 
 # --- the ops, C++ and CUDA ------------------------------------------------------------------------
