@@ -185,7 +185,7 @@ def test_lazy_adams_dense_update_is_lazy_too_and_equals_the_sparse_one():
     """OneFlow's lazy_adam kernel skips elements whose gradient is below 1e-12: the dense update (here
     forced by a loss scale of 1) leaves the rows without a gradient alone, and equals the sparse one."""
     sparse, sparse_table = make_job("h15sp_lazy_sparse", "lazy_adam")
-    dense, dense_table = make_job("h15sp_lazy_dense", "lazy_adam",
+    dense, dense_table = make_job("h15sp_lazy_dense", "lazy_adam", named=False,
                                   loss_scale=flow.optimizer.loss_scale.static_loss_scale(1.0))
     assert "scatter_rows" not in [n.op for n in lower(dense._trace(default_session()).graph).graph.nodes]
     sparse._trace(default_session())
