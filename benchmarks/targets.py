@@ -65,6 +65,7 @@ RATIO_TARGETS = (
     RatioTarget("lenet_predict", "torch_compile", 1.1),
     RatioTarget("mlp_train", "torch_eager", 1.4),
     RatioTarget("resnet_block_train", "torch_eager", 1.1),
+    RatioTarget("wide_and_deep_train", "torch_eager", 1.5, issue=15),   # 10^6-row tables, batch 512, sparse updates
 )
 CEILING_TARGETS = (CeilingTarget("lenet_train", 0.85), CeilingTarget("mlp_predict", 0.95))
 OVERHEAD_TARGETS = (OverheadTarget("mlp_predict", 20e-6),)

@@ -1,5 +1,5 @@
-"""What every framework runs: the seed models' steps and a ResNet-18-style block, their FLOP counts,
-and the batches they all use.
+"""What every framework runs: the seed models' steps, a ResNet-18-style block and a Wide & Deep train
+step, their FLOP counts, and the batches they all use.
 
 FLOPs count 2 per multiply-add of the GEMMs and convolutions only (the elementwise work, the loss
 and the optimizer update are a few percent at most); that is the work a GEMM ceiling bounds, so
@@ -45,11 +45,25 @@ RESNET_MOMENTUM = 0.9       # SGD momentum (OneFlow's and PyTorch's updates agre
 BN_MOMENTUM = 0.9           # OneFlow's convention: moving = 0.9 * moving + 0.1 * batch (PyTorch: momentum=0.1)
 BN_EPSILON = 1e-5
 
+# Wide & Deep (issue 15): examples/models/wide_and_deep.py's "large" config.  A wide (vocab, 1) and a
+# deep (vocab, 16) table of 10^6 rows each, gathered at 2 wide and 26 deep sparse fields per example;
+# the deep rows flattened and concatenated with 13 dense fields feed a relu MLP 1024-1024-1024 with
+# dropout 0.5 and a dense layer to one score; score = wide sum + deep score; mean sigmoid
+# cross-entropy; LazyAdam (lr 1e-3; PyTorch: SparseAdam on the tables, Adam on the rest), whose
+# embedding update touches only the batch's rows.  Ids are skewed (Zipf), as click logs are.
+WDL_BATCH = 512
+WDL_VOCAB = 1_000_000
+WDL_DIM = 16
+WDL_DENSE_FIELDS, WDL_WIDE_FIELDS, WDL_DEEP_FIELDS = 13, 2, 26
+WDL_HIDDEN = (1024, 1024, 1024)
+WDL_DROPOUT = 0.5
+WDL_LEARNING_RATE = 1e-3
+
 
 @dataclass(frozen=True)
 class Workload:
     name: str      # e.g. "mlp_train"; the key every framework module and the report use
-    model: str     # "mlp", "lenet" or "resnet_block"
+    model: str     # "mlp", "lenet", "resnet_block" or "wide_and_deep"
     mode: str      # "train" (forward, backward, SGD update, loss to host) or "predict" (logits to host)
     gflop: float   # per step
     batch: int = BATCH
@@ -59,7 +73,7 @@ class Workload:
         return f"{MODEL_TITLES.get(self.model, self.model)} {self.mode}"
 
 
-MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block"}
+MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block", "wide_and_deep": "Wide&Deep"}
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -103,18 +117,28 @@ def resnet_block_flops(mode: str, batch: int = RESNET_BATCH) -> int:
     return total + dense_flops(batch, RESNET_FEATURES, CLASSES, mode, needs_input_grad=True)
 
 
-_FLOPS = {"mlp": mlp_flops, "lenet": lenet_flops, "resnet_block": resnet_block_flops}
+def wide_and_deep_flops(mode: str, batch: int = WDL_BATCH) -> int:
+    """The MLP's dense layers; the gathers, the embedding gradient and its update are row copies."""
+    widths = (WDL_DEEP_FIELDS * WDL_DIM + WDL_DENSE_FIELDS,) + WDL_HIDDEN + (1,)
+    # the first layer's input gradient flows back to the deep embedding rows
+    return sum(dense_flops(batch, n_in, n_out, mode, needs_input_grad=True)
+               for n_in, n_out in zip(widths, widths[1:]))
+
+
+_FLOPS = {"mlp": mlp_flops, "lenet": lenet_flops, "resnet_block": resnet_block_flops,
+          "wide_and_deep": wide_and_deep_flops}
+_BATCHES = {"resnet_block": RESNET_BATCH, "wide_and_deep": WDL_BATCH}
 
 
 def _workload(model: str, mode: str) -> Workload:
-    batch_size = RESNET_BATCH if model == "resnet_block" else BATCH
-    return Workload(f"{model}_{mode}", model, mode, _FLOPS[model](mode) / 1e9, batch_size)
+    return Workload(f"{model}_{mode}", model, mode, _FLOPS[model](mode) / 1e9, _BATCHES.get(model, BATCH))
 
 
 STEP_WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     _workload("mlp", "train"), _workload("mlp", "predict"),
     _workload("lenet", "train"), _workload("lenet", "predict"),
-    _workload("resnet_block", "train"), _workload("resnet_block", "predict"))}
+    _workload("resnet_block", "train"), _workload("resnet_block", "predict"),
+    _workload("wide_and_deep", "train"))}
 
 # First-call latency is measured on the train jobs: they are the largest programs to compile.
 LATENCY_WORKLOADS = ("mlp_train", "lenet_train")
@@ -152,6 +176,22 @@ def resnet_batch() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def batch_for(workload: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (images, labels) every framework's step of `workload` takes."""
-    return resnet_batch() if STEP_WORKLOADS[workload].model == "resnet_block" else batch()
+@lru_cache(maxsize=1)
+def wide_and_deep_batch() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """The Wide & Deep batch: ((dense float32 (512, 13), wide ids int32 (512, 2), deep ids int32
+    (512, 26)), click labels float32 (512, 1)), from a fixed seed; ids Zipf-skewed in [0, 10^6)."""
+    rng = np.random.default_rng(15)
+    dense = rng.standard_normal((WDL_BATCH, WDL_DENSE_FIELDS)).astype(np.float32)
+    wide = (rng.zipf(1.3, (WDL_BATCH, WDL_WIDE_FIELDS)) % WDL_VOCAB).astype(np.int32)
+    deep = (rng.zipf(1.3, (WDL_BATCH, WDL_DEEP_FIELDS)) % WDL_VOCAB).astype(np.int32)
+    labels = (np.sin(wide.sum(1) * 0.7) + np.cos(deep.sum(1) * 0.3) + dense[:, 0] > 0).astype(np.float32)
+    return (dense, wide, deep), labels.reshape(WDL_BATCH, 1)
+
+
+def batch_for(workload: str) -> tuple:
+    """The (images, labels) every framework's step of `workload` takes; for Wide & Deep, the
+    "images" are the (dense, wide ids, deep ids) features."""
+    model = STEP_WORKLOADS[workload].model
+    if model == "wide_and_deep":
+        return wide_and_deep_batch()
+    return resnet_batch() if model == "resnet_block" else batch()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
+from flowc.compiler.indexed_slices import emit_sparse_update, named_variables, sparse_update_plan
 from flowc.compiler.ir import Graph, GraphBuilder, TensorType
 from flowc.compiler.optimizers import (DynamicLossScalePolicy, Optimizer, StaticLossScalePolicy, combine_losses,
                                        from_model_update_conf)
@@ -62,7 +63,7 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     diffs: dict[int, int] = {}
     if optimizer is not None:
         assert loss is not None           # _training_target gives both or neither
-        graph, diffs = _add_backward_and_update(ctx, graph, optimizer, loss)
+        graph, diffs = _add_backward_and_update(ctx, graph, optimizer, loss, named_variables(config))
     _check_assigns(ctx, graph)
     graph.assigns.update(ctx.assigns)     # layer state updated by train steps (moving averages)
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
@@ -146,15 +147,17 @@ def _training_target(ctx: TraceContext, config, where: str) -> tuple[Optimizer |
                      "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
 
 
-def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer,
-                             loss: Blob) -> tuple[Graph, dict[int, int]]:
+def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimizer, loss: Blob,
+                             indexed_slices: frozenset[str] | None = None) -> tuple[Graph, dict[int, int]]:
     """The backward pass and the update, in OneFlow's order: gradients of the loss (scaled by the
     loss scale) divided by its instance count; the loss scale undone; the variables' regularizers
     added; the global norm clipped; then each variable's update rule.  A dynamic loss scale keeps
     every variable of a step whose gradients are not all finite and adjusts the scale.
 
-    Returns the graph and {node: its diff} for the nodes the job watches with `flow.watch_diff`
-    that have one."""
+    A variable whose gradient comes from one gather gets a sparse update where OneFlow makes one
+    (compiler/indexed_slices.py; `indexed_slices` names the variables of the job's
+    indexed_slices_optimizer_conf).  Returns the graph and {node: its diff} for the nodes the job
+    watches with `flow.watch_diff` that have one."""
     session, builder = ctx.session, ctx.builder
     trainable = {var: node for var, node in ctx.variable_nodes.items()
                  if var in ctx.trainable_variables and optimizer.updates(var)}
@@ -180,6 +183,12 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
     grads = {var: by_node[node] for var, node in trainable.items() if node in by_node}
     if not grads:
         raise TraceError(f"{builder.nodes[loss.id].loc}: the loss does not depend on any trainable variable")
+    plans = {var: sparse_update_plan(optimizer, var, g, builder, indexed_slices, var in ctx.regularizers,
+                                     optimizer.weight_decay_for(var)) for var, g in grads.items()}
+    for var in sorted(set(indexed_slices or ()) & set(plans)):
+        if not plans[var].sparse:     # the user asked for it by name: say why not (OneFlow is silent)
+            warnings.warn(f"{session.variables[var].defined_at}: function_config().indexed_slices_optimizer_conf "
+                          f"names {var!r}, but its update stays dense: {plans[var].reason}", UserWarning, stacklevel=2)
     for var, g in grads.items():
         e.loc = session.variables[var].defined_at
         if isinstance(policy, StaticLossScalePolicy):
@@ -204,7 +213,10 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
                                            TensorType((1,) if s.scalar else var_type.shape, var_type.dtype),
                                            e.loc, optimizer.state_initial(s))
                  for s in optimizer.state_specs()}
-        new_value, new_state = optimizer.update(e, var_node, g, state, lr, optimizer.weight_decay_for(var))
+        if plans[var].sparse:
+            new_value, new_state = emit_sparse_update(e, optimizer, plans[var], var_node, state, lr)
+        else:
+            new_value, new_state = optimizer.update(e, var_node, g, state, lr, optimizer.weight_decay_for(var))
         assigns[var] = new_value
         for s, value in new_state.items():
             assigns[f"{var}-{s}"] = value

@@ -481,14 +481,22 @@ def _adam(u: Update):
 
 
 def _lazy_adam(u: Update):
-    # Adam with bias correction from the state beta1_t, beta2_t (beta1**t, beta2**t, updated after use)
+    # Adam with bias correction from the state beta1_t, beta2_t (beta1**t, beta2**t, updated after use);
+    # OneFlow's kernel leaves an element whose gradient is below 1e-12 in magnitude untouched (value, m
+    # and v): that is what makes it lazy (a NaN gradient is not below, so it still propagates).
     m, v = _moments(u)
     b1t, b2t = u.state["beta1_t"], u.state["beta2_t"]
     one = u.const(1.0)
     lr = u.op("divide", u.op("multiply", u.lr, u.op("sqrt", u.op("subtract", one, b2t))), u.op("subtract", one, b1t))
     step = u.op("divide", m, u.op("add", u.op("sqrt", v), u.const(u.opt.epsilon)))
-    return u.op("subtract", u.w, u.op("multiply", lr, step)), {
-        "m": m, "v": v, "beta1_t": u.scaled(u.opt.beta1, b1t), "beta2_t": u.scaled(u.opt.beta2, b2t)}
+    w = u.op("subtract", u.w, u.op("multiply", lr, step))
+    skip = u.op("less", u.op("abs", u.g), u.const(1e-12))
+
+    def unless_skipped(new: int, old: int) -> int:
+        return u.op("select_nonzero", skip, old, new)
+    return unless_skipped(w, u.w), {
+        "m": unless_skipped(m, u.state["m"]), "v": unless_skipped(v, u.state["v"]),
+        "beta1_t": u.scaled(u.opt.beta1, b1t), "beta2_t": u.scaled(u.opt.beta2, b2t)}
 
 
 def _rmsprop(u: Update):
@@ -752,10 +760,12 @@ class AdamW(Adam):
 
 
 class LazyAdam(Adam):
-    """LazyAdam: OneFlow updates only the rows of an embedding that have a gradient; on dense
-    gradients it is Adam with bias correction always on, kept in the state `<var>-beta1_t` and
+    """LazyAdam: Adam with bias correction always on, kept in the state `<var>-beta1_t` and
     `<var>-beta2_t` (shape (1,), from beta1 and beta2, multiplied by them after each step), with
-    `<var>-m`, `<var>-v`.  flowc's gradients are dense, so every element is updated.
+    `<var>-m`, `<var>-v`.  As OneFlow's kernel, it leaves every element whose gradient is below 1e-12
+    in magnitude untouched (value, m and v), so the rows of an embedding without a gradient keep
+    their value and state; a variable read only by a gather is moreover updated at the batch's rows
+    only (compiler/indexed_slices.py), which gives the same values without touching the other rows.
 
     Example:
         flow.optimizer.LazyAdam(flow.optimizer.PiecewiseConstantScheduler([], [0.001])).minimize(loss)

@@ -185,10 +185,10 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("enable_auto_mixed_precision", IMPLEMENTED, _bool,
      "OneFlow's AMP rewrite (compiler/passes/mixed_precision.py): matmuls and the ops between them in "
      "float16, float32 master weights; pair it with flow.optimizer.loss_scale.dynamic_loss_scale()"),
-    # -- recorded, not applied yet --------------------------------------------------------------------
-    ("indexed_slices_optimizer_conf", RECORDED, _dict,
-     "recorded; gradients of gathered rows stay dense, which gives the same update for plain SGD; "
-     "a job setting it warns once"),
+    ("indexed_slices_optimizer_conf", IMPLEMENTED, _dict,
+     "dict(include_op_names=dict(op_name=[...])): the named variables read only by a gather get OneFlow's "
+     "indexed-slices SGD, momentum or Adam update, touching only the gathered rows (compiler/indexed_slices.py; "
+     "LazyAdam is always sparse)"),
     # -- refused --------------------------------------------------------------------------------------
     ("train.secondary_lr", REFUSED, _number,
      "OneFlow's learning rate of `bias` variables; accepted only equal to train.primary_lr"),
@@ -389,7 +389,7 @@ class FunctionConfig:
             raise OptionRefused(f"job {job_name!r}: function_config.train.secondary_lr({secondary}) differs from "
                                 f"train.primary_lr({self.primary_lr}); flowc uses one learning rate for every "
                                 "variable (OneFlow's secondary_lr applies to `bias` variables)")
-        for name in ("indexed_slices_optimizer_conf",):
+        for name in (n for n, o in OPTIONS.items() if o.status == RECORDED):
             if self.values.get(name) and name not in _warned:
                 _warned.add(name)
                 warnings.warn(f"job {job_name!r}: function_config.{name} is recorded but not applied yet: "

@@ -51,7 +51,8 @@ HOSTILE_FILE_NAMES = {k: v.replace("/", "|") + ".py" for k, v in HOSTILE.items()
 HOSTILE_LAYER_NAMES = {k: v for k, v in HOSTILE.items() if variable_name_problem(v + "conv1-weight") is None}
 
 # The user's module, compiled under a chosen file name: the same text (so the same line numbers)
-# for the benign and the hostile run.  Between them the two jobs need every kernel template.
+# for the benign and the hostile run.  Between them the two jobs need every kernel template (the
+# embedding `emb`, named in indexed_slices_optimizer_conf, brings the sparse update's).
 USER_SOURCE = '''
 import flow
 import flow.typing as tp
@@ -72,6 +73,8 @@ def define(job_name, layer):
             swapped = flow.slice_v2(g, [(None, None, None), (1, None, -1)])
             g = flow.slice_update(g, swapped, [(None, None, None), (0, 2, 1)])
             loss = loss + flow.math.reduce_sum(g, axis=1) + flow.math.reduce_sum(flow.one_hot(y, 5) * logits, axis=1)
+            table = flow.get_variable(layer + "emb", shape=(7, 5), initializer=flow.zeros_initializer())
+            loss = loss + flow.math.reduce_sum(flow.gather(table, y) * logits, axis=1)   # a sparse update
         flow.optimizer.Adam(flow.optimizer.PiecewiseConstantScheduler([], [1e-3])).minimize(loss)
         return loss
 
@@ -84,7 +87,10 @@ def define(job_name, layer):
 
     train.__name__ = job_name + "train"
     predict.__name__ = job_name + "predict"
-    return flow.global_function(type="train")(train), flow.global_function(type="predict")(predict)
+    config = flow.function_config()
+    config.indexed_slices_optimizer_conf(dict(include_op_names=dict(op_name=[layer + "emb"])))
+    return (flow.global_function(type="train", function_config=config)(train),
+            flow.global_function(type="predict")(predict))
 '''
 
 

@@ -46,6 +46,9 @@ def load_example(name: str) -> types.ModuleType:
 
 def job(workload_name: str, table: dict[str, tuple[str, str]] = JOBS) -> Any:
     """The job function (not yet traced) that runs `workload_name`."""
+    if table is JOBS and workload_name == "wide_and_deep_train":
+        from benchmarks.peers.flowc_wide_and_deep import train_job    # the model zoo's example, at the bench's size
+        return train_job()
     if table is JOBS and workload_name.startswith("resnet_block_"):
         from benchmarks.peers.flowc_resnet import block_jobs     # written for the benchmark: no seed has it
         train_job, predict_job = block_jobs()
@@ -72,9 +75,12 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
 
 
 def arguments(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
-    """What the job of `workload` takes: the seeds' jobs take both, the ResNet block's predict job images only."""
+    """What the job of `workload` takes: the seeds' jobs take both, the ResNet block's predict job images only,
+    Wide & Deep (labels, dense, wide ids, deep ids) (its "images" are the three feature arrays)."""
     if workload.model == "resnet_block" and workload.mode == "predict":
         return (images,)
+    if workload.model == "wide_and_deep":
+        return (labels, *images)
     return images, labels
 
 

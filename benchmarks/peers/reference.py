@@ -32,6 +32,9 @@ def _scalars(graph, step: int, rate: float) -> dict[str, float]:
 
 
 def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
+    if workload.model == "wide_and_deep":
+        raise NotApplicable("the reference executor's scatter_rows returns a new table (a copy of 10^6 rows "
+                            "per table and state per step): it times NumPy copies, not the model")
     job = flowc_jobs.job(workload.name)
     inputs = list(flowc_jobs.arguments(workload, images, labels))
     rate = RESNET_LEARNING_RATE if workload.model == "resnet_block" else LEARNING_RATE

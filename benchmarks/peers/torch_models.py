@@ -92,6 +92,9 @@ def make_model(name: str) -> nn.Module:
 
 
 def build(workload: Workload, images: np.ndarray, labels: np.ndarray, compiled: bool) -> Step:
+    if workload.model == "wide_and_deep":       # its own module: sparse embeddings, two optimizers
+        from benchmarks.peers.torch_wide_and_deep import build_train
+        return build_train(images, labels, compiled)
     model = make_model(workload.model)
     if workload.mode == "train":
         return _train_step(model, images, labels, compiled)

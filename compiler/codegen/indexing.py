@@ -1,5 +1,6 @@
 """Lowering the indexing ops (compiler/ops/indexing.py): gather, gather_grad, strided_slice,
-slice_update, one_hot and top_k.
+slice_update, one_hot and top_k; and the indexed-slices ops of a sparse embedding update
+(compiler/ops/indexed_slices.py): unique_indices, indexed_slices_reduce_sum, gather_rows, scatter_rows.
 
 `IndexingGeometry` computes what each kernel indexes (the same for every backend);
 `CppIndexing` and `CudaIndexing`, mixins of the two generators, lay the kernels out through
@@ -20,10 +21,12 @@ from flowc.compiler.ops.indexing import gather_dims
 from flowc.compiler.ops.pointwise import broadcast_strides
 from flowc.compiler.program import Kernel
 
-CPU_LOWERINGS = {op: Lowering("_kernel_indexing", f"{op}.cpp.j2", f"{op}_context")
-                 for op in ("gather", "gather_grad", "strided_slice", "slice_update", "one_hot", "top_k")}
-CUDA_LOWERINGS = {op: Lowering("_indexing", f"{op}.cu.j2", f"{op}_context")
-                  for op in ("gather", "gather_grad", "strided_slice", "slice_update", "one_hot", "top_k")}
+ROWS_PARALLEL_MIN = 1 << 15   # gather_rows, scatter_rows: fewer elements than this stay on one CPU thread
+
+OPS = ("gather", "gather_grad", "strided_slice", "slice_update", "one_hot", "top_k",
+       "unique_indices", "indexed_slices_reduce_sum", "gather_rows", "scatter_rows")
+CPU_LOWERINGS = {op: Lowering("_kernel_indexing", f"{op}.cpp.j2", f"{op}_context") for op in OPS}
+CUDA_LOWERINGS = {op: Lowering("_indexing", f"{op}.cu.j2", f"{op}_context") for op in OPS}
 # Kernels that check their indices and fail the step with an error code (the CPU kernel returns it,
 # the CUDA kernel raises the step's status).
 CHECKING = ("gather",)
@@ -57,6 +60,35 @@ class IndexingGeometry:
         b, o, n, i, kk = gather_dims(a.attr("params_shape"), ix.type.shape, a.attr("axis"), a.attr("batch_dims"))
         return dict(IX=params.use(ix.id), DY=params.use(dy.id), OUT=params.use(a.id), B=b, O=o, A=n, I=i, K=kk,
                     threads=b * o * i)
+
+    # -- indexed slices: n positions, rows of W elements, tables of A rows --------------------------
+    def unique_indices_context(self, k: Kernel, a, params: Params) -> dict:
+        ix = self.graph.node(a.inputs[0])
+        return dict(IX=params.use(ix.id), OUT=params.use(a.id), N=ix.type.size, A=a.attr("vocab"),
+                    threads=ix.type.size)
+
+    def indexed_slices_reduce_sum_context(self, k: Kernel, a, params: Params) -> dict:
+        ix, dy = (self.graph.node(i) for i in a.inputs)
+        n, w = a.type.shape
+        return dict(IX=params.use(ix.id), DY=params.use(dy.id), OUT=params.use(a.id), N=n, W=w,
+                    A=a.attr("vocab"), threads=n)
+
+    def gather_rows_context(self, k: Kernel, a, params: Params) -> dict:
+        table, rows = (self.graph.node(i) for i in a.inputs)
+        n, w = a.type.shape
+        return dict(TABLE=params.use(table.id), R=params.use(rows.id), OUT=params.use(a.id), N=n, W=w,
+                    A=table.type.shape[0], threads=n * w, parallel_min=ROWS_PARALLEL_MIN)
+
+    def scatter_rows_context(self, k: Kernel, a, params: Params) -> dict:
+        table, rows, values = (self.graph.node(i) for i in a.inputs)
+        n, w = values.type.shape
+        storage = self.memory.storage  # type: ignore[attr-defined]
+        # In place when the memory plan put the result in the table's own buffer (the variable):
+        # then the rows not written keep their value with no copy.
+        inplace = (storage[a.id].kind, storage[a.id].key) == (storage[table.id].kind, storage[table.id].key)
+        return dict(TABLE=params.use(table.id), R=params.use(rows.id), VALUES=params.use(values.id),
+                    OUT=params.use(a.id), N=n, W=w, A=table.type.shape[0], inplace=inplace, threads=n * w,
+                    parallel_min=ROWS_PARALLEL_MIN)
 
     def strided_slice_context(self, k: Kernel, a, params: Params) -> dict:
         x = self.graph.node(a.inputs[0])
@@ -124,4 +156,8 @@ class CudaIndexing(IndexingGeometry):
             args += (("status",),)
         text = self._template(self.lowering(a.op).template, params=params.declarations(),  # type: ignore[attr-defined]
                               block=BLOCK, code=status, **ctx)
-        return text, [Launch(k.name, _grid_1d(ctx["threads"]), (BLOCK, 1, 1), 0, args)]
+        launches = [Launch(k.name, _grid_1d(ctx["threads"]), (BLOCK, 1, 1), 0, args)]
+        if a.op == "scatter_rows" and not ctx["inplace"]:   # the table's copy runs first
+            copy = Launch(f"{k.name}_copy", _grid_1d(a.type.size), (BLOCK, 1, 1), 0, args)
+            launches.insert(0, copy)
+        return text, launches

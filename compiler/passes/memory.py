@@ -45,7 +45,9 @@ def plan_inplace(graph: Graph, kernels: list[Kernel]) -> tuple[dict[int, str], l
     for var, value in graph.assigns.items():
         k = owner.get(value)
         reason = None
-        if k is None or value not in k.members:
+        if k is not None and _writes_rows_of(graph, k, value, var):
+            pass     # scatter_rows of the variable's own rows: it reads each row only where it writes it
+        elif k is None or value not in k.members:
             reason = "its value is not computed by a pointwise loop"
         elif value in inplace:
             reason = f"the value is already written into {inplace[value]}"
@@ -65,6 +67,17 @@ def plan_inplace(graph: Graph, kernels: list[Kernel]) -> tuple[dict[int, str], l
         else:
             inplace[value] = var
     return inplace, copy_back, notes
+
+
+def _writes_rows_of(graph: Graph, k: Kernel, value: int, var: str) -> bool:
+    """Is `value` a scatter_rows kernel's result over variable `var` itself (a sparse update)?  Its
+    kernel reads no other element of the table than the rows it writes, so it can write in place;
+    every other reader of the old value runs before it (`fusion.order_kernels`)."""
+    node = graph.node(value)
+    if k.anchor != value or node.op != "scatter_rows" or k.members:
+        return False
+    table = graph.node(view_roots(graph).get(node.inputs[0], node.inputs[0]))
+    return table.op == "variable" and table.attr("name") == var and table.type.shape == node.type.shape
 
 
 def plan_memory(graph: Graph, kernels: list[Kernel], inplace: dict[int, str],
