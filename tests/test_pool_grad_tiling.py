@@ -53,3 +53,29 @@ def test_values_and_gradients_equal_the_reference(name: str) -> None:
 def test_gradients_match_finite_differences(name: str) -> None:
     fn, inputs = CASES[name]
     finite_difference_check(fn, inputs)
+
+
+PADS_2_1 = [[0, 0], [0, 0], [2, 2], [1, 1]]
+PADS_1_1 = [[0, 0], [0, 0], [1, 1], [1, 1]]
+
+# The forward kernels' interior windows run without bounds tests and the edge ones with them
+# (pool2d.cpp.j2): shapes whose windows cross every edge, overlap, or lie wholly in the padding.
+FORWARD = {
+    "max_3x3_s2_same": (lambda x: flow.nn.max_pool2d(x, ksize=3, strides=2, padding="SAME"), [rand(1, 3, 11, 12)]),
+    "avg_3x3_s2_same": (lambda x: flow.nn.avg_pool2d(x, ksize=3, strides=2, padding="SAME"), [rand(1, 3, 11, 12)]),
+    "max_5x3_s1_pads": (lambda x: flow.nn.max_pool2d(x, ksize=[5, 3], strides=1, padding=PADS_2_1),
+                        [rand(2, 2, 6, 4)]),
+    "avg_2x2_s3_wide_pads": (lambda x: flow.nn.avg_pool2d(x, ksize=2, strides=3, padding=PADS_1_1),
+                             [rand(1, 2, 7, 8)]),
+    "max_nan": (lambda x: flow.nn.max_pool2d(x, ksize=3, strides=2, padding="SAME"), [_with_nan((2, 2, 6, 6))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARD))
+def test_forward_windows_at_the_edges_equal_the_reference(name: str) -> None:
+    fn, inputs = FORWARD[name]
+    case = compile_case(fn, inputs, grads=(name != "max_nan"))
+    got, want = case.compiled, case.reference
+    for g, w in zip(got, want):
+        assert np.array_equal(np.isnan(g), np.isnan(w))
+    assert_outputs_match([np.nan_to_num(g, nan=7.0) for g in got], [np.nan_to_num(w, nan=7.0) for w in want])
