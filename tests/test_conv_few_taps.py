@@ -95,3 +95,25 @@ def test_single_images_split_between_threads_equal_the_reference(name: str) -> N
     fn, inputs = SLICED[name]
     case = compile_case(fn, inputs)
     assert_outputs_match(case.compiled, case.reference)
+
+
+# Filter gradients at small output sizes take several images per sum (conv2d_grad_filter.cpp.j2's
+# kChunk): whole chunks, a last partial chunk, padded and unpadded inputs, groups, strides.
+SMALL_OUTPUTS = {
+    "dw_1x1_pixels_padded": (_conv(), [rand(7, 6, 1, 1), rand(5, 6, 3, 3)]),
+    "dw_2x2_strided": (_conv(strides=2), [rand(9, 4, 4, 4), rand(3, 4, 3, 3)]),
+    "dw_4x4_grouped_valid": (_conv(padding="VALID", groups=2), [rand(5, 4, 6, 6), rand(6, 2, 3, 3)]),
+    "dw_1x1_kernel": (_conv(padding="VALID"), [rand(11, 8, 3, 3), rand(4, 8, 1, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_OUTPUTS))
+def test_filter_gradients_of_chunked_images_equal_the_reference(name: str) -> None:
+    fn, inputs = SMALL_OUTPUTS[name]
+    case = compile_case(fn, inputs)
+    assert_outputs_match(case.compiled, case.reference)
+
+
+def test_filter_gradients_of_chunked_images_match_finite_differences() -> None:
+    fn, inputs = SMALL_OUTPUTS["dw_2x2_strided"]
+    finite_difference_check(fn, inputs)
