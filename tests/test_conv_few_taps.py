@@ -117,3 +117,26 @@ def test_filter_gradients_of_chunked_images_equal_the_reference(name: str) -> No
 def test_filter_gradients_of_chunked_images_match_finite_differences() -> None:
     fn, inputs = SMALL_OUTPUTS["dw_2x2_strided"]
     finite_difference_check(fn, inputs)
+
+
+# Input gradients of stride-1 convolutions with fewer than 64 pixels per image take every image's
+# pixels as the rows of one sum (conv2d_grad_input.cpp.j2): padded and not, groups, dilation.
+SMALL_INPUTS = {
+    "dx_1x1_pixels": (_conv(), [rand(5, 6, 1, 1), rand(4, 6, 3, 3)]),
+    "dx_3x3_grouped": (_conv(groups=2), [rand(7, 4, 3, 3), rand(6, 2, 3, 3)]),
+    "dx_5x4_valid": (_conv(padding="VALID"), [rand(3, 3, 5, 4), rand(5, 3, 2, 2)]),
+    "dx_dilated": (lambda x, w: flow.nn.conv2d(x, w, strides=1, padding="SAME", dilations=2),
+                   [rand(4, 2, 6, 5), rand(3, 2, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_INPUTS))
+def test_input_gradients_over_all_images_equal_the_reference(name: str) -> None:
+    fn, inputs = SMALL_INPUTS[name]
+    case = compile_case(fn, inputs)
+    assert_outputs_match(case.compiled, case.reference)
+
+
+def test_input_gradients_over_all_images_match_finite_differences() -> None:
+    fn, inputs = SMALL_INPUTS["dx_3x3_grouped"]
+    finite_difference_check(fn, inputs)
