@@ -140,3 +140,18 @@ def test_input_gradients_over_all_images_equal_the_reference(name: str) -> None:
 def test_input_gradients_over_all_images_match_finite_differences() -> None:
     fn, inputs = SMALL_INPUTS["dx_3x3_grouped"]
     finite_difference_check(fn, inputs)
+
+
+# Forward convolutions with fewer than 64 output pixels per image (several images) take every
+# image's pixels as the rows of one sum (conv2d.cpp.j2), epilogue included.
+SMALL_FORWARD = {
+    "fwd_1x1_pixels_bias_relu": (_conv_bias_relu, [rand(5, 6, 1, 1), rand(4, 6, 3, 3), rand(4)]),
+    "fwd_4x4_strided_grouped": (_conv(strides=2, groups=2), [rand(3, 4, 8, 7), rand(6, 2, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_FORWARD))
+def test_forward_over_all_images_equals_the_reference(name: str) -> None:
+    fn, inputs = SMALL_FORWARD[name]
+    case = compile_case(fn, inputs)
+    assert_outputs_match(case.compiled, case.reference)

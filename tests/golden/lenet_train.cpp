@@ -44,12 +44,12 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
   static std::vector<float> wpack(kPanel * 1);
   static const std::vector<int> w_rows = flowc::iota_offsets(32, 25),
                                 w_cols = flowc::iota_offsets(25, 1);
+  constexpr int64_t kPanels = (32 + flowc::kConvNR - 1) / flowc::kConvNR;
   // Work items (image, group, slice of the image's 6-pixel tiles): one slice per image and group,
   // unless there are fewer of those than threads (a batch-1 predict), whose tiles are then split
   // between the threads; each image is padded once, before them, and the weights are packed by
   // all threads (a ResNet-50 at batch 1 repacks 100 MB of weights per call).
   int64_t slices = 1;
-  constexpr int64_t kPanels = (32 + flowc::kConvNR - 1) / flowc::kConvNR;
 #pragma omp parallel for schedule(static) if(slices > 1)
   for (int64_t gp = 0; gp < 1 * kPanels; ++gp) {
     const int64_t g = gp / kPanels, f0 = gp % kPanels * flowc::kConvNR;
@@ -129,12 +129,12 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
   static std::vector<float> wpack(kPanel * 1);
   static const std::vector<int> w_rows = flowc::iota_offsets(64, 800),
                                 w_cols = flowc::iota_offsets(800, 1);
+  constexpr int64_t kPanels = (64 + flowc::kConvNR - 1) / flowc::kConvNR;
   // Work items (image, group, slice of the image's 6-pixel tiles): one slice per image and group,
   // unless there are fewer of those than threads (a batch-1 predict), whose tiles are then split
   // between the threads; each image is padded once, before them, and the weights are packed by
   // all threads (a ResNet-50 at batch 1 repacks 100 MB of weights per call).
   int64_t slices = 1;
-  constexpr int64_t kPanels = (64 + flowc::kConvNR - 1) / flowc::kConvNR;
 #pragma omp parallel for schedule(static) if(slices > 1)
   for (int64_t gp = 0; gp < 1 * kPanels; ++gp) {
     const int64_t g = gp / kPanels, f0 = gp % kPanels * flowc::kConvNR;
