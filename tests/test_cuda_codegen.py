@@ -103,6 +103,8 @@ def test_every_cuda_template_renders_for_the_seed_jobs(steps):
     # the indexing kernels render (and run in the emulator) in tests/test_indexing_ops.py
     from tests.test_indexing_ops import INDEXING_CUDA_TEMPLATES
     templates -= INDEXING_CUDA_TEMPLATES
+    from tests.test_fused_bert_kernels import FUSED_CUDA_TEMPLATES      # and BERT's fused rows there
+    templates -= FUSED_CUDA_TEMPLATES
     assert used == templates, f"never rendered: {sorted(templates - used)}"
     for label in ("mlp_train", "mlp_predict", "lenet_train", "lenet_predict"):
         assert steps[label].launches, label

@@ -67,3 +67,4 @@ def register(rule: OpRule) -> OpRule:
 from flowc.compiler.ops import sources, pointwise, reductions, linalg, nn, conv, arrays, devices, indexing  # noqa: E402,F401
 from flowc.compiler.ops import math_rows  # noqa: E402,F401
 from flowc.compiler.ops import training  # noqa: E402,F401
+from flowc.compiler.ops import normalization  # noqa: E402,F401
