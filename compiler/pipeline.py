@@ -18,7 +18,7 @@ from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
-from flowc.compiler.passes import canonicalize, float16, fusion, memory, placement, simplify, snapshot
+from flowc.compiler.passes import canonicalize, constants, float16, fusion, memory, placement, simplify, snapshot
 from flowc.compiler.program import Program
 
 
@@ -81,6 +81,8 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("simplify_again", _graph_pass(simplify.simplify)),
     # no-op unless a result is a variable that the step updates
     ("snapshot_outputs", _graph_pass(snapshot.snapshot_assigned_variables)),
+    # after the last common-subexpression pass, which would merge the copies again
+    ("clone_constants", _graph_pass(constants.clone_constants)),
     ("fuse_elementwise", _form_kernels),
     ("fuse_epilogues", _fuse_epilogues),
     ("fuse_softmax_cross_entropy", _fuse_xent),

@@ -30,6 +30,8 @@ class ScheduleCycle(AssertionError):
 def _reads_at_own_index(graph: Graph, producer: int, consumer: int) -> str | None:
     """None if `consumer` reads `producer` element-for-element, else why not."""
     c = graph.node(consumer)
+    if graph.node(producer).op == "constant":
+        return None                 # uniform: any index reads the same literal (see passes/constants.py)
     if OPS[c.op].input_strides is not None:
         return f"{c.op} %{consumer} reads it at a permuted index"
     if c.type.shape != graph.node(producer).type.shape:
@@ -98,7 +100,7 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
             log.refused.append(f"%{a.id} {a.op} [{a.loc}] keeps a plain write-back: its result is read by "
                                f"{'a non-pointwise op' if group is None else 'several kernels'}")
             continue
-        if len(group.loops) != 1 or graph.node(group.loops[0][0]).type.shape != a.type.shape:
+        if len(group.loops) != 1 or graph.node(group.loops[0][-1]).type.shape != a.type.shape:
             log.refused.append(f"%{a.id} {a.op} [{a.loc}]: consumer loop has another shape")
             continue
         reason = next((r for c in consumers if (r := _reads_at_own_index(graph, a.id, c))), None)
