@@ -48,6 +48,10 @@ def _fuse_epilogues(p: Program) -> Program:
     return Program(p.graph, fusion.fuse_epilogues(p.graph, p.require_kernels(), p.log), log=p.log)
 
 
+def _chain_epilogues(p: Program) -> Program:
+    return Program(p.graph, fusion.chain_epilogues(p.graph, p.require_kernels(), p.log), log=p.log)
+
+
 def _fuse_xent(p: Program) -> Program:
     return Program(p.graph, fusion.fuse_softmax_cross_entropy(p.graph, p.require_kernels(), p.log), log=p.log)
 
@@ -86,6 +90,7 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("fuse_elementwise", _form_kernels),
     ("fuse_epilogues", _fuse_epilogues),
     ("fuse_softmax_cross_entropy", _fuse_xent),
+    ("chain_epilogues", _chain_epilogues),
     ("group_optimizer_updates", _group_updates),
     ("plan_memory", _plan_memory),
 ]

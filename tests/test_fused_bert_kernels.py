@@ -280,3 +280,23 @@ def test_a_shared_constant_is_a_literal_in_each_reader_not_a_kernel():
     assert sum(program.graph.node(m).op == "constant" for k in program.kernels or [] for m in k.members) == 3
     case = compile_case(fn, inputs)
     assert_match(case.compiled, case.reference)
+
+
+def test_bias_and_gelu_run_in_the_gemm_epilogue():
+    """chain_epilogues (compiler/passes/fusion.py): the bias add's value is also read by gelu's gradient,
+    so gelu was a loop of its own; it now runs in the GEMM's write-back, the bias add still stored."""
+    w = _normal(6, 5) * 0.3
+    b = _normal(5)
+
+    def fn(x, w, b):
+        return flow.math.gelu(flow.nn.bias_add(flow.matmul(x, w), b)) * 2.0
+    inputs = [_normal(7, 6), w, b]
+    graph, _, _ = trace_case(fn, inputs, grads=True)
+    program = lower(graph)
+    names = [k.name for k in program.kernels or []]
+    assert any(n.startswith("matmul_") and "_add_gelu_multiply" in n for n in names), names
+    assert not any(k.kind == "pointwise" and any(program.graph.node(m).op == "gelu" for m in k.members)
+                   for k in program.kernels or [])
+    case = compile_case(fn, inputs)
+    assert_match(case.compiled, case.reference, rtol=1e-5, atol=1e-5)
+    finite_difference_check(fn, inputs)
