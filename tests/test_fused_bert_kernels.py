@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import flow
+import flow.typing as tp
 from flowc.compiler.pipeline import lower
 from flowc.compiler.reference import run_reference
 from flowc.compiler.trace import emit
@@ -300,3 +301,28 @@ def test_bias_and_gelu_run_in_the_gemm_epilogue():
     case = compile_case(fn, inputs)
     assert_match(case.compiled, case.reference, rtol=1e-5, atol=1e-5)
     finite_difference_check(fn, inputs)
+
+
+def test_auto_mixed_precision_treats_the_fused_ops_as_gray():
+    """OneFlow 0.3.4's AMP gray list has layer_norm and softmax: between two matmuls they run in float16
+    (computed in float32 between conversions), and the job still trains."""
+    from flowc.runtime.session import default_session
+    cfg = flow.FunctionConfig()
+    cfg.enable_auto_mixed_precision(True)
+    init = flow.random_normal_initializer(stddev=0.5)
+
+    @flow.global_function(type="train", function_config=cfg)
+    def amp_job(x: tp.Numpy.Placeholder((4, 8)), m: tp.Numpy.Placeholder((4, 4))) -> tp.Numpy:
+        h = flow.layers.layer_norm(flow.layers.dense(x, 8, name="amp_d1", kernel_initializer=init),
+                                   begin_norm_axis=-1, name="amp_ln")
+        p = flow.nn.softmax(flow.matmul(h, h, transpose_b=True) * 0.5 + m)
+        out = flow.layers.dense(flow.matmul(p, h), 3, name="amp_d2", kernel_initializer=init)
+        loss = flow.math.reduce_mean(out * out)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)
+        return loss
+    x, m = _normal(4, 8), np.zeros((4, 4), np.float32)
+    losses = [float(amp_job(x, m)) for _ in range(4)]
+    assert losses[-1] < losses[0] and np.isfinite(losses).all()
+    graph = amp_job._trace(default_session()).graph
+    types = {n.op: n.type.dtype for n in graph.nodes}
+    assert types["layer_norm"] == types["fused_scale_mask_softmax"] == types["layer_norm_grad"] == "float16"

@@ -178,7 +178,7 @@ register(OpRule("fused_scale_mask_softmax", "row", _infer_scale_mask_softmax, sc
 
 def _infer_softmax_grad(inputs: list, attrs: dict) -> TensorType:
     y, dy = inputs
-    if y.dtype not in FLOAT_DTYPES or dy != y or not y.shape or y.shape[-1] == 0:
+    if y.dtype not in FLOAT_DTYPES or (dy.shape, dy.dtype) != (y.shape, y.dtype) or not y.shape or y.shape[-1] == 0:
         raise ShapeError(f"fused_scale_mask_softmax_grad: y {y} and dy {dy} must be equal float tensors with rows")
     return TensorType(y.shape, y.dtype)
 
