@@ -128,6 +128,7 @@ def chain_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list
     GEMM kernel (the merged kernel runs where the GEMM runs).
     """
     users = graph.consumers()
+    roots = view_roots(graph)
     owner = {n: k for k in kernels for n in k.nodes()}
     merged: set[int] = set()
     for k in kernels:
@@ -141,7 +142,7 @@ def chain_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list
             readers = {id(owner[c]): owner[c] for m in k.members for c in users[m]
                        if c in owner and owner[c] is not k and id(owner[c]) not in merged}
             for loop in readers.values():
-                if _chain_refusal(graph, kernels, owner, k, loop, inside, shape) is None:
+                if _chain_refusal(graph, roots, owner, k, loop, inside, shape) is None:
                     k.loops = [k.loops[0] + loop.loops[0]]
                     k.name += "_" + "_".join(dict.fromkeys(graph.node(m).op for m in loop.members
                                                            if graph.node(m).op != "constant"))
@@ -154,14 +155,13 @@ def chain_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list
     return [k for k in kernels if id(k) not in merged]
 
 
-def _chain_refusal(graph: Graph, kernels: list[Kernel], owner: dict, k: Kernel, loop: Kernel, inside: set[int],
+def _chain_refusal(graph: Graph, roots: dict[int, int], owner: dict, k: Kernel, loop: Kernel, inside: set[int],
                    shape: tuple) -> str | None:
     if loop.kind != "pointwise" or len(loop.loops) != 1 or graph.node(loop.loops[0][-1]).type.shape != shape:
         return "not one loop of the GEMM's shape"
     members = set(loop.members)
     if any(graph.node(m).role == "update" for m in members):
         return "it updates a variable"
-    roots = view_roots(graph)
     for m in loop.members:
         for x in graph.node(m).inputs:
             if x in inside:
@@ -169,14 +169,13 @@ def _chain_refusal(graph: Graph, kernels: list[Kernel], owner: dict, k: Kernel, 
                     return f"%{m} reads %{x} at another index"
                 continue
             src = roots.get(x, x)         # a view (reshape, device copy) reads its root's kernel
-            if src not in members and src in owner and _kernel_reaches(graph, owner, owner[src], k):
+            if src not in members and src in owner and _kernel_reaches(graph, roots, owner, owner[src], k):
                 return f"%{x} comes from a kernel that runs after the GEMM"
     return None
 
 
-def _kernel_reaches(graph: Graph, owner: dict, start: Kernel, target: Kernel) -> bool:
+def _kernel_reaches(graph: Graph, roots: dict[int, int], owner: dict, start: Kernel, target: Kernel) -> bool:
     """Does kernel `start` depend, through kernels, on kernel `target`?"""
-    roots = view_roots(graph)
     stack, seen = [start], {id(start)}
     while stack:
         k = stack.pop()
