@@ -18,7 +18,7 @@ from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 from flowc.compiler.codegen.common import GenerateOptions
 from flowc.compiler.ir import Graph
-from flowc.compiler.passes import canonicalize, float16, fusion, memory, placement, simplify, snapshot
+from flowc.compiler.passes import canonicalize, constants, float16, fusion, memory, placement, simplify, snapshot
 from flowc.compiler.program import Program
 
 
@@ -46,6 +46,10 @@ def _form_kernels(p: Program) -> Program:
 
 def _fuse_epilogues(p: Program) -> Program:
     return Program(p.graph, fusion.fuse_epilogues(p.graph, p.require_kernels(), p.log), log=p.log)
+
+
+def _chain_epilogues(p: Program) -> Program:
+    return Program(p.graph, fusion.chain_epilogues(p.graph, p.require_kernels(), p.log), log=p.log)
 
 
 def _fuse_xent(p: Program) -> Program:
@@ -81,9 +85,12 @@ PASSES: list[tuple[str, Callable[[Program], Program]]] = [
     ("simplify_again", _graph_pass(simplify.simplify)),
     # no-op unless a result is a variable that the step updates
     ("snapshot_outputs", _graph_pass(snapshot.snapshot_assigned_variables)),
+    # after the last common-subexpression pass, which would merge the copies again
+    ("clone_constants", _graph_pass(constants.clone_constants)),
     ("fuse_elementwise", _form_kernels),
     ("fuse_epilogues", _fuse_epilogues),
     ("fuse_softmax_cross_entropy", _fuse_xent),
+    ("chain_epilogues", _chain_epilogues),
     ("group_optimizer_updates", _group_updates),
     ("plan_memory", _plan_memory),
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from flowc.compiler.errors import TraceError
 from flowc.compiler.trace import Blob, current, emit, user_location
+from flow._fused_softmax import scale_mask_softmax
 from flow._ops import along_last_axis, check_blob, from_nchw, pair, spatial_pads, to_nchw
 from flow.math import relu as _relu
 
@@ -52,8 +53,10 @@ def softmax(logits, axis: int | None = None, name: str | None = None) -> Blob:
         probs = flow.nn.softmax(logits)
     """
     x = check_blob(logits, "flow.nn.softmax", "logits")
-    return along_last_axis(x, -1 if axis is None else axis, "flow.nn.softmax",
-                           lambda v: emit("softmax", [v], name=name or "", api="flow.nn.softmax"))
+    def row_softmax(v: Blob) -> Blob:
+        fused = scale_mask_softmax(v, name or "", "flow.nn.softmax")      # softmax(scores * c + mask)
+        return fused if fused is not None else emit("softmax", [v], name=name or "", api="flow.nn.softmax")
+    return along_last_axis(x, -1 if axis is None else axis, "flow.nn.softmax", row_softmax)
 
 
 def sparse_softmax_cross_entropy_with_logits(labels, logits, name: str | None = None) -> Blob:
@@ -256,7 +259,6 @@ def layer_norm(inputs, gamma=None, beta=None, begin_norm_axis: int = 1, begin_pa
     Example:
         y = flow.nn.layer_norm(x, gamma, beta, begin_norm_axis=-1)
     """
-    from flow import math
     api = "flow.nn.layer_norm"
     x = check_blob(inputs, api, "inputs")
     rank = len(x.shape)
@@ -264,12 +266,8 @@ def layer_norm(inputs, gamma=None, beta=None, begin_norm_axis: int = 1, begin_pa
         raise TraceError(f"{user_location()}: {api}: begin_norm_axis {begin_norm_axis} is out of range for "
                          f"inputs of shape {list(x.shape)}")
     first = begin_norm_axis % rank
-    reduce_axes = list(range(first, rank))
-    mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
-    centered = x - mean
-    variance = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
-    out = centered / math.sqrt(variance + float(epsilon))
     params_shape = params_shape_of(x, begin_params_axis, api)
+    params = {}
     for value, arg in ((gamma, "gamma"), (beta, "beta")):
         if value is None:
             continue
@@ -277,6 +275,16 @@ def layer_norm(inputs, gamma=None, beta=None, begin_norm_axis: int = 1, begin_pa
         if tuple(p.shape) != params_shape:
             raise TraceError(f"{user_location()}: {api}: {arg} must have shape {list(params_shape)} "
                              f"(inputs.shape[{begin_params_axis}:]), got {list(p.shape)}")
+        params[arg] = p
+    # One fused kernel per row (compiler/ops/normalization.py); gamma and beta join it when they cover
+    # exactly the normalized axes, and are applied by broadcasting after it otherwise.
+    inside = params if begin_params_axis % rank == first else {}
+    attrs = {"begin_norm_axis": first, "epsilon": float(epsilon), "scale": "gamma" in inside,
+             "center": "beta" in inside}
+    out = emit("layer_norm", [x] + list(inside.values()), attrs, name=name or "", api=api)
+    for arg, p in params.items():
+        if arg in inside:
+            continue
         p = emit("reshape", [p], {"shape": (1,) * (rank - len(params_shape)) + params_shape}, api=api)
         out = out * p if arg == "gamma" else out + p
     return out

@@ -84,7 +84,9 @@ def test_a_fused_kernel_names_every_op_the_bad_value_came_from():
         return y * 2.0  # FUSED_MUL
 
     program = fused.compile().step.program
-    assert any({program.graph.node(n).op for n in k.nodes()} == {"log", "multiply"} for k in program.kernels)
+    # (the constant 2.0 is a literal inside the kernel: compiler/passes/constants.py)
+    assert any({program.graph.node(n).op for n in k.nodes()} - {"constant"} == {"log", "multiply"}
+               for k in program.kernels)
     with pytest.raises(flow.StepError) as err:
         fused(NEGATIVE)
     message = str(err.value)

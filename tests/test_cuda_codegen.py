@@ -105,6 +105,8 @@ def test_every_cuda_template_renders_for_the_seed_jobs(steps):
     templates -= INDEXING_CUDA_TEMPLATES
     from tests.test_sparse_embedding_update import INDEXED_SLICES_CUDA_TEMPLATES     # and the sparse update's
     templates -= INDEXED_SLICES_CUDA_TEMPLATES
+    from tests.test_fused_bert_kernels import FUSED_CUDA_TEMPLATES      # and BERT's fused rows there
+    templates -= FUSED_CUDA_TEMPLATES
     assert used == templates, f"never rendered: {sorted(templates - used)}"
     for label in ("mlp_train", "mlp_predict", "lenet_train", "lenet_predict"):
         assert steps[label].launches, label

@@ -180,6 +180,8 @@ def test_every_op_is_covered():
     seen |= covered_ops()
     from tests.test_sparse_embedding_update import covered_ops as indexed_slices_ops   # issue 15's sparse update
     seen |= indexed_slices_ops()
+    from tests.test_fused_bert_kernels import covered_ops as fused_ops   # layer_norm, scaled masked softmax
+    seen |= fused_ops()
     # gradient ops appear in the cases' backward graphs; dropout_mask is tested in tests/test_lenet.py,
     # device_copy (inserted by the placement pass only) in tests/test_cuda_codegen.py, select_nonzero (emitted by
     # the optimizer update only) in tests/test_optimizers_oneflow.py, snapshot (inserted by the snapshot_outputs

@@ -179,6 +179,30 @@ inline T softplus(T x) {
   return x != x ? x : (x > (T)0 ? x : (T)0) + std::log1p(std::exp(-std::fabs(x)));
 }
 
+// e^x for softmax's shifted values (x <= 0, or NaN), in a form GCC vectorises (std::exp is a call
+// per element): Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, Cephes' degree-6 polynomial
+// for e^r (within 2 ulp of float's e^x), and 2^n from exponent bits.  Below ln(FLT_MIN) the result is
+// 0 (NumPy gives a subnormal there, under 1.2e-38), -inf gives 0, NaN stays NaN; x > 0 is not its
+// domain.  The double overload is std::exp.
+inline float exp_nonpositive(float x) {
+  const float lo = -87.33654475f;                   // ln(FLT_MIN): 2^n stays a normal number
+  const float xs = x >= lo ? x : lo;                // NaN -> lo here, so n is a valid int below
+  const float n = std::floor(xs * 1.44269504089f + 0.5f);
+  const float r = xs - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return x != x ? x : (x < lo ? 0.0f : e * scale);
+}
+inline double exp_nonpositive(double x) { return std::exp(x); }
+
 // The digamma function psi(x) = d lgamma(x) / dx (the gradient of lgamma), in double: the
 // reflection formula below 0, the recurrence up to 6, then the asymptotic series.  NaN at the
 // poles (0, -1, -2, ...) and at -inf; +inf at +inf.  compiler/ops/math_rows.py's reference is

@@ -15,6 +15,7 @@ from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering
                                            describe_binding, gemm_offset, matmul_geometry, reduction_extents,
                                            term)
 from flowc.compiler.codegen.indexing import CPU_LOWERINGS as INDEXING_LOWERINGS, CppIndexing
+from flowc.compiler.codegen.rows import CPU_LOWERINGS as FUSED_ROW_LOWERINGS, CppFusedRows
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
@@ -55,7 +56,7 @@ class GeneratedStep:
     numerics_nodes: dict[int, int] = field(default_factory=dict)
 
 
-class CppGenerator(CppIndexing, KernelGenerator):
+class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
     """Renders a lowered program as one C++ translation unit with one entry point, `flowc_step`."""
     LOWERINGS: ClassVar[dict[str, Lowering]] = {
         "softmax": Lowering("_kernel_row_template", "softmax.cpp.j2"),
@@ -72,6 +73,7 @@ class CppGenerator(CppIndexing, KernelGenerator):
         "concat": Lowering("_kernel_window_template", "concat.cpp.j2", "copy_context"),
         "slice_axis": Lowering("_kernel_window_template", "slice_axis.cpp.j2", "copy_context"),
         **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
+        **FUSED_ROW_LOWERINGS,  # layer_norm, the scaled masked softmax: compiler/codegen/rows.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_kernel_pointwise", "reduction": "_kernel_reduction", "matmul": "_kernel_matmul",

@@ -30,6 +30,7 @@ from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, Lab
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
 from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
+from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, CudaFusedRows
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
@@ -105,7 +106,7 @@ def _pow2_block(n: int) -> int:
     return b
 
 
-class CudaGenerator(CudaIndexing, KernelGenerator):
+class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
     """Renders a lowered program as one CUDA translation unit and its launch list.
 
     `tf32=True` runs float32 GEMMs and convolutions on tensor cores (TF32 inputs, FP32
@@ -126,6 +127,7 @@ class CudaGenerator(CudaIndexing, KernelGenerator):
         "concat": Lowering("_concat", "concat.cu.j2", "copy_context"),
         "slice_axis": Lowering("_slice_axis", "slice_axis.cu.j2", "copy_context"),
         **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
+        **FUSED_ROW_LOWERINGS,  # layer_norm, the scaled masked softmax: compiler/codegen/rows.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",

@@ -30,6 +30,8 @@ class ScheduleCycle(AssertionError):
 def _reads_at_own_index(graph: Graph, producer: int, consumer: int) -> str | None:
     """None if `consumer` reads `producer` element-for-element, else why not."""
     c = graph.node(consumer)
+    if graph.node(producer).op == "constant":
+        return None                 # uniform: any index reads the same literal (see passes/constants.py)
     if OPS[c.op].input_strides is not None:
         return f"{c.op} %{consumer} reads it at a permuted index"
     if c.type.shape != graph.node(producer).type.shape:
@@ -98,7 +100,7 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
             log.refused.append(f"%{a.id} {a.op} [{a.loc}] keeps a plain write-back: its result is read by "
                                f"{'a non-pointwise op' if group is None else 'several kernels'}")
             continue
-        if len(group.loops) != 1 or graph.node(group.loops[0][0]).type.shape != a.type.shape:
+        if len(group.loops) != 1 or graph.node(group.loops[0][-1]).type.shape != a.type.shape:
             log.refused.append(f"%{a.id} {a.op} [{a.loc}]: consumer loop has another shape")
             continue
         reason = next((r for c in consumers if (r := _reads_at_own_index(graph, a.id, c))), None)
@@ -112,6 +114,80 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
         absorbed.add(id(group))
         log.fused.append(f"%{a.id} {a.op}: epilogue {', '.join(graph.node(m).op for m in group.members)}")
     return [k for k in kernels if id(k) not in absorbed]
+
+
+def chain_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[Kernel]:
+    """A loop that reads a 2-D GEMM's epilogue values at their own index joins that epilogue.
+
+    BERT's feed-forward layer is `gelu(x W + b)`: the bias add is the GEMM's epilogue, but its value
+    is also read by the gelu's gradient, so the gelu was refused by `fuse_elementwise` (its input's
+    readers are in different kernels) and ran as its own loop over the (tokens, 4 * hidden) result.
+    Here such a loop runs in the GEMM's write-back instead; values read elsewhere are still stored.
+    Legal when every value it reads from the GEMM kernel is read at its own index, it has the GEMM's
+    shape, it updates no variable, and no kernel that produces one of its other inputs depends on the
+    GEMM kernel (the merged kernel runs where the GEMM runs).
+    """
+    users = graph.consumers()
+    roots = view_roots(graph)
+    owner = {n: k for k in kernels for n in k.nodes()}
+    merged: set[int] = set()
+    for k in kernels:
+        if k.kind != "matmul" or not k.members or len(graph.node(k.anchor_id).type.shape) != 2:
+            continue
+        shape = graph.node(k.anchor_id).type.shape
+        grown = True
+        while grown:
+            grown = False
+            inside = set(k.nodes())
+            readers = {id(owner[c]): owner[c] for m in k.members for c in users[m]
+                       if c in owner and owner[c] is not k and id(owner[c]) not in merged}
+            for loop in readers.values():
+                if _chain_refusal(graph, roots, owner, k, loop, inside, shape) is None:
+                    k.loops = [k.loops[0] + loop.loops[0]]
+                    k.name += "_" + "_".join(dict.fromkeys(graph.node(m).op for m in loop.members
+                                                           if graph.node(m).op != "constant"))
+                    merged.add(id(loop))
+                    owner.update({m: k for m in loop.members})
+                    log.fused.append(f"%{k.anchor} {graph.node(k.anchor_id).op}: epilogue chained with "
+                                     f"{', '.join(graph.node(m).op for m in loop.members)}")
+                    grown = True
+                    break
+    return [k for k in kernels if id(k) not in merged]
+
+
+def _chain_refusal(graph: Graph, roots: dict[int, int], owner: dict, k: Kernel, loop: Kernel, inside: set[int],
+                   shape: tuple) -> str | None:
+    if loop.kind != "pointwise" or len(loop.loops) != 1 or graph.node(loop.loops[0][-1]).type.shape != shape:
+        return "not one loop of the GEMM's shape"
+    members = set(loop.members)
+    if any(graph.node(m).role == "update" for m in members):
+        return "it updates a variable"
+    for m in loop.members:
+        for x in graph.node(m).inputs:
+            if x in inside:
+                if graph.node(x).type.shape != shape or _reads_at_own_index(graph, x, m):
+                    return f"%{m} reads %{x} at another index"
+                continue
+            src = roots.get(x, x)         # a view (reshape, device copy) reads its root's kernel
+            if src not in members and src in owner and _kernel_reaches(graph, roots, owner, owner[src], k):
+                return f"%{x} comes from a kernel that runs after the GEMM"
+    return None
+
+
+def _kernel_reaches(graph: Graph, roots: dict[int, int], owner: dict, start: Kernel, target: Kernel) -> bool:
+    """Does kernel `start` depend, through kernels, on kernel `target`?"""
+    stack, seen = [start], {id(start)}
+    while stack:
+        k = stack.pop()
+        if k is target:
+            return True
+        for n in k.nodes():
+            for x in graph.node(n).inputs:
+                p = owner.get(roots.get(x, x))
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    stack.append(p)
+    return False
 
 
 def _epilogue_refusal(graph: Graph, k: Kernel, members: list[int]) -> str | None:

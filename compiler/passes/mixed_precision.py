@@ -7,9 +7,9 @@ The lists, mapped onto flowc's op names (docs/oneflow_compat_semantics.md has th
 * WHITE: worth computing in float16 (matmul, which is also batch_matmul, and conv2d);
 * GRAY: fine in float16 when their neighbours are (add/sub/mul/div with their broadcast and scalar
   forms, which cover OneFlow's add_n, bias_add, scalar_* and broadcast_*; sigmoid, tanh, sqrt,
-  gelu, softmax, average pooling).  OneFlow's layer_norm and normalization are gray as whole ops;
-  in flowc they are built from smaller ops, whose gray parts (the arithmetic) may go float16 and
-  whose reductions stay float32;
+  gelu, softmax, average pooling, layer_norm; the fused scaled masked softmax is a softmax).
+  OneFlow's normalization is gray as a whole op; in flowc it is built from smaller ops, whose gray
+  parts (the arithmetic) may go float16 and whose reductions stay float32;
 * CLEAR: exact in any precision, they only move or select values (relu, reshape, transpose, slices,
   concat, gather, max pooling, broadcast_to; OneFlow's random_mask_like, the dropout mask, is
   clear too, flowc's dropout_mask is a source and stays float32);
@@ -44,7 +44,7 @@ from flowc.compiler.ir import GraphBuilder, Node
 
 WHITE = frozenset({"matmul", "conv2d"})
 GRAY = frozenset({"add", "subtract", "multiply", "divide", "sigmoid", "tanh", "sqrt", "gelu", "softmax",
-                  "avg_pool2d"})
+                  "avg_pool2d", "layer_norm", "fused_scale_mask_softmax"})
 CLEAR = frozenset({"relu", "reshape", "transpose", "strided_slice", "slice_axis", "concat", "gather",
                    "max_pool2d", "broadcast_to"})
 BLACK: frozenset[str] = frozenset()       # OneFlow 0.3.4's black list is empty

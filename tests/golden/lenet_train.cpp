@@ -8,9 +8,9 @@
 //   ptrs[3] = variable 'conv1-bias'
 //   ptrs[4] = variable 'conv2-weight'
 //   ptrs[5] = variable 'conv2-bias'
-//   ptrs[6] = variable 'dense1-bias'
-//   ptrs[7] = variable 'dense1-weight'
-//   ptrs[8] = scalar 'train_step'
+//   ptrs[6] = scalar 'train_step'
+//   ptrs[7] = variable 'dense1-bias'
+//   ptrs[8] = variable 'dense1-weight'
 //   ptrs[9] = variable 'dense2-bias'
 //   ptrs[10] = variable 'dense2-weight'
 //   ptrs[11] = input 1
@@ -204,24 +204,6 @@ FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_REST
   }
 }
 
-// matmul_18_add_relu: %18 matmul @synchronize_single_job.py:33, %20 add @synchronize_single_job.py:33, %21 relu @synchronize_single_job.py:33
-FLOWC_KERNEL void matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b16, const float* FLOWC_RESTRICT b17, float* FLOWC_RESTRICT b18) {
-  flowc::gemm<float>(100, 512, 3136, b16, 3136, false, b17, 3136, true,
-                       b18, 512,
-                       [=](int row, int j0, int n, float* c) {
-    const int64_t i0 = row;
-    for (int jj = 0; jj < n; ++jj) {
-      const int64_t i1 = j0 + jj;
-      const int64_t i = i0 * 512 + i1;
-      const float acc = c[jj];
-      const float l0 = b19[i1];
-      const float v20 = (acc + l0);
-      const float v21 = flowc::maximum(v20, (float)0);
-      b21[i] = v21;
-    }
-  });
-}
-
 // loop_23: %23 dropout_mask @synchronize_single_job.py:41
 FLOWC_KERNEL void loop_23(const int64_t* FLOWC_RESTRICT b22, float* FLOWC_RESTRICT b23) {
   // loop over [100, 512]: dropout_mask
@@ -234,17 +216,25 @@ FLOWC_KERNEL void loop_23(const int64_t* FLOWC_RESTRICT b22, float* FLOWC_RESTRI
   }
 }
 
-// loop_24: %24 multiply @synchronize_single_job.py:41
-FLOWC_KERNEL void loop_24(const float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b23, float* FLOWC_RESTRICT b24) {
-  // loop over [100, 512]: multiply
-#pragma omp simd
-  for (int64_t j = 0; j < 51200; ++j) {
-    const int64_t i = j;
-    const float l0 = b21[j];
-    const float l1 = b23[j];
-    const float v24 = (l0 * l1);
-    b24[i] = v24;
-  }
+// matmul_18_add_relu_multiply: %18 matmul @synchronize_single_job.py:33, %20 add @synchronize_single_job.py:33, %21 relu @synchronize_single_job.py:33, %24 multiply @synchronize_single_job.py:41
+FLOWC_KERNEL void matmul_18_add_relu_multiply(const float* FLOWC_RESTRICT b19, float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b23, float* FLOWC_RESTRICT b24, const float* FLOWC_RESTRICT b16, const float* FLOWC_RESTRICT b17, float* FLOWC_RESTRICT b18) {
+  flowc::gemm<float>(100, 512, 3136, b16, 3136, false, b17, 3136, true,
+                       b18, 512,
+                       [=](int row, int j0, int n, float* c) {
+    const int64_t i0 = row;
+    for (int jj = 0; jj < n; ++jj) {
+      const int64_t i1 = j0 + jj;
+      const int64_t i = i0 * 512 + i1;
+      const float acc = c[jj];
+      const float l0 = b19[i1];
+      const float v20 = (acc + l0);
+      const float v21 = flowc::maximum(v20, (float)0);
+      b21[i] = v21;
+      const float l1 = b23[i0 * 512 + i1];
+      const float v24 = (v21 * l1);
+      b24[i] = v24;
+    }
+  });
 }
 
 // matmul_26_add: %26 matmul @synchronize_single_job.py:42, %28 add @synchronize_single_job.py:42
@@ -900,29 +890,28 @@ extern "C" int flowc_step(void* const* ptrs) {
   max_pool2d_8(reinterpret_cast<float*>(arena + 10035200), reinterpret_cast<float*>(arena + 0));
   conv2d_10_add_relu(reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 2508800), static_cast<float*>(ptrs[5]), reinterpret_cast<float*>(arena + 20070400));
   max_pool2d_15(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 2508800));
-  matmul_18_add_relu(static_cast<float*>(ptrs[6]), reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 2508800), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 3763200));
-  loop_23(static_cast<int64_t*>(ptrs[8]), reinterpret_cast<float*>(arena + 3763200));
-  loop_24(reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 4172800));
-  matmul_26_add(static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4381632), reinterpret_cast<float*>(arena + 4172800), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4377600));
-  loop_30(reinterpret_cast<float*>(arena + 4377600));
-  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 4381632), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 4378048), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 4385664), 1)) return e;
-  matmul_33_multiply_relu_grad(reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 4385664), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4389696));
-  matmul_38(reinterpret_cast<float*>(arena + 4594496), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4799296));
-  max_pool2d_grad_41(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 25088000));
-  loop_42(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 25088000), reinterpret_cast<float*>(arena + 4799296));
-  reduce_sum_43(reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 3763200));
+  loop_23(static_cast<int64_t*>(ptrs[6]), reinterpret_cast<float*>(arena + 3763200));
+  matmul_18_add_relu_multiply(static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4172800), reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 2508800), static_cast<float*>(ptrs[8]), reinterpret_cast<float*>(arena + 3968000));
+  matmul_26_add(static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 3972032), reinterpret_cast<float*>(arena + 4377600), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 3968000));
+  loop_30(reinterpret_cast<float*>(arena + 3968000));
+  if (int e = softmax_xent_fwd_bwd_29(reinterpret_cast<float*>(arena + 3972032), static_cast<int32_t*>(ptrs[11]), reinterpret_cast<float*>(arena + 3968448), reinterpret_cast<float*>(arena + 3968000), reinterpret_cast<float*>(arena + 3976064), 1)) return e;
+  matmul_33_multiply_relu_grad(reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 4172800), reinterpret_cast<float*>(arena + 4787200), reinterpret_cast<float*>(arena + 3976064), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4582400));
+  matmul_38(reinterpret_cast<float*>(arena + 4787200), static_cast<float*>(ptrs[8]), reinterpret_cast<float*>(arena + 4992000));
+  max_pool2d_grad_41(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 4992000), reinterpret_cast<float*>(arena + 25088000));
+  loop_42(reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 25088000), reinterpret_cast<float*>(arena + 4992000));
+  reduce_sum_43(reinterpret_cast<float*>(arena + 4992000), reinterpret_cast<float*>(arena + 3763200));
   reduce_sum_44(reinterpret_cast<float*>(arena + 3763200), reinterpret_cast<float*>(arena + 3788800));
-  conv2d_grad_input_46(static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 20070400));
-  conv2d_grad_filter_47(reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 4799296), reinterpret_cast<float*>(arena + 3789056));
+  conv2d_grad_input_46(static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 4992000), reinterpret_cast<float*>(arena + 20070400));
+  conv2d_grad_filter_47(reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 4992000), reinterpret_cast<float*>(arena + 3980096));
   max_pool2d_grad_48(reinterpret_cast<float*>(arena + 10035200), reinterpret_cast<float*>(arena + 20070400), reinterpret_cast<float*>(arena + 22579200));
   loop_49(reinterpret_cast<float*>(arena + 10035200), reinterpret_cast<float*>(arena + 22579200), reinterpret_cast<float*>(arena + 32614400));
   reduce_sum_50(reinterpret_cast<float*>(arena + 32614400), reinterpret_cast<float*>(arena + 0));
   reduce_sum_51(reinterpret_cast<float*>(arena + 0), reinterpret_cast<float*>(arena + 12800));
   conv2d_grad_filter_53(static_cast<float*>(ptrs[1]), reinterpret_cast<float*>(arena + 32614400), reinterpret_cast<float*>(arena + 0));
-  optimizer_update(static_cast<float*>(ptrs[12]), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[2]), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 12800), static_cast<float*>(ptrs[3]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 3789056), static_cast<float*>(ptrs[4]), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 3788800), static_cast<float*>(ptrs[5]), static_cast<float*>(ptrs[5]));
-  matmul_39_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 2508800), reinterpret_cast<float*>(arena + 4799296));
-  reduce_sum_37_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[6]), static_cast<float*>(ptrs[6]), reinterpret_cast<float*>(arena + 4594496), reinterpret_cast<float*>(arena + 0));
-  matmul_34_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[10]), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 4172800), reinterpret_cast<float*>(arena + 0));
-  reduce_sum_32_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[9]), static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 4385664), reinterpret_cast<float*>(arena + 0));
+  optimizer_update(static_cast<float*>(ptrs[12]), reinterpret_cast<float*>(arena + 0), static_cast<float*>(ptrs[2]), static_cast<float*>(ptrs[2]), reinterpret_cast<float*>(arena + 12800), static_cast<float*>(ptrs[3]), static_cast<float*>(ptrs[3]), reinterpret_cast<float*>(arena + 3980096), static_cast<float*>(ptrs[4]), static_cast<float*>(ptrs[4]), reinterpret_cast<float*>(arena + 3788800), static_cast<float*>(ptrs[5]), static_cast<float*>(ptrs[5]));
+  matmul_39_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[8]), static_cast<float*>(ptrs[8]), reinterpret_cast<float*>(arena + 4787200), reinterpret_cast<float*>(arena + 2508800), reinterpret_cast<float*>(arena + 4992000));
+  reduce_sum_37_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[7]), static_cast<float*>(ptrs[7]), reinterpret_cast<float*>(arena + 4787200), reinterpret_cast<float*>(arena + 0));
+  matmul_34_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[10]), static_cast<float*>(ptrs[10]), reinterpret_cast<float*>(arena + 3976064), reinterpret_cast<float*>(arena + 4377600), reinterpret_cast<float*>(arena + 0));
+  reduce_sum_32_multiply_subtract(static_cast<float*>(ptrs[12]), static_cast<float*>(ptrs[9]), static_cast<float*>(ptrs[9]), reinterpret_cast<float*>(arena + 3976064), reinterpret_cast<float*>(arena + 0));
   return 0;
 }
