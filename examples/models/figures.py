@@ -34,7 +34,8 @@ def measure(target: str) -> dict:
     total = time.perf_counter() - start
     kernels = lowered.program.kernels or []
     return {"target": target, "traced_nodes": traced_nodes, "lowered_nodes": len(lowered.program.graph.nodes),
-            "kernels": len(kernels), "distinct_kernel_kinds": len({k.kind for k in kernels}),
+            "kernels": len(kernels), "functions": getattr(compiled.step.generated, "kernel_functions", len(kernels)),
+            "distinct_kernel_kinds": len({k.kind for k in kernels}),
             "arena_bytes": compiled.memory_plan().peak_bytes, "from_cache": compiled.from_cache,
             "trace_s": lowered.timings.get("trace", 0.0), "passes_s": lowered.timings.get("passes", 0.0),
             "codegen_s": compiled.timings.get("codegen", 0.0), "compile_s": compiled.timings.get("compile", 0.0),
@@ -55,14 +56,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps(measure(argv[1])))
         return 0
     targets = argv or ALL
-    header = (f"{'model':<22}{'IR traced':>10}{'IR lowered':>11}{'kernels':>9}{'arena MiB':>10}"
+    header = (f"{'model':<22}{'IR traced':>10}{'IR lowered':>11}{'kernels':>9}{'functions':>10}{'arena MiB':>10}"
               f"{'trace s':>9}{'passes s':>9}{'codegen s':>10}{'g++ s':>8}{'cold s':>8}{'warm s':>8}")
     print(header)
     for target in targets:
         with tempfile.TemporaryDirectory(prefix="flowc_figures_") as cache:
             cold = run_child(target, cache)
             warm = run_child(target, cache)
-        print(f"{target:<22}{cold['traced_nodes']:>10}{cold['lowered_nodes']:>11}{cold['kernels']:>9}"
+        print(f"{target:<22}{cold['traced_nodes']:>10}{cold['lowered_nodes']:>11}{cold['kernels']:>9}{cold['functions']:>10}"
               f"{cold['arena_bytes'] / 2**20:>10.1f}{cold['trace_s']:>9.2f}{cold['passes_s']:>9.2f}"
               f"{cold['codegen_s']:>10.2f}{cold['compile_s']:>8.2f}{cold['total_s']:>8.2f}{warm['total_s']:>8.2f}",
               flush=True)
