@@ -5,15 +5,19 @@ computes what the NumPy reference executor computes.
 """
 from __future__ import annotations
 
+import re
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import flow
 from flowc.compiler.codegen.dedup import KernelTable, kernel_signature
 from flowc.compiler.pipeline import generate, lower
-from tests.oracle import compile_case, trace_case
+from flowc.compiler.reference import run_reference
+from tests.oracle import compile_case, cotangents, trace_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,3 +87,28 @@ def test_bert_tiny_train_step_has_far_fewer_functions_than_kernels():
     # functions of their own, shared by the variables of one shape.
     assert step.kernel_functions < len(program.kernels) / 2
     assert step.source.count("FLOWC_KERNEL void optimizer_update_loop") < len(train.graph.assigns) / 2
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ runs the CUDA emulator")
+def test_cuda_launches_of_equal_kernels_share_a_function_and_equal_the_reference(tmp_path):
+    """The CUDA step of the repeated layers: fewer __global__ functions than launches, every launch
+    names a function of the source, and the launch list replayed in the CPU emulation of CUDA
+    (tests/test_cuda_codegen.py) equals the reference executor."""
+    from tests.test_cuda_codegen import Emulator, render, replay
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    w = (rng.standard_normal((5, 5)) * 0.5).astype(np.float32)
+    graph, _, _ = trace_case(_repeated_layers, [x, w])
+    program = lower(graph)
+    step = render(program, prefix="scaling_")
+    assert step.kernel_functions < len(step.launches) / 2
+    defined = set(re.findall(r"__global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(", step.source))
+    assert len(defined) == step.kernel_functions and {la.kernel for la in step.launches} <= defined
+    emulator = Emulator(tmp_path)
+    lib = emulator.build(step.source, [la.kernel for la in step.launches])
+    feeds = [x, w] + cotangents(graph, 2, np.random.default_rng(2))
+    got, status = replay(emulator, lib, program, step, feeds, {}, {})
+    want, _ = run_reference(graph, feeds, {})
+    assert status == 0
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
