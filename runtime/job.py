@@ -180,7 +180,7 @@ class JobFunction:
             if ready is not None and ready.session is session:     # another thread built it meanwhile
                 return ready
             if self._compiled is None or self._session is not session:
-                self._lower(session, None).compile()
+                self._build(session)
             assert self._compiled is not None and self._traced is not None    # adopted by compile()
             from flowc.runtime.devices import load_step
             with _build_lock:
@@ -244,13 +244,24 @@ class JobFunction:
 
     def compile(self):
         """Lower and build the job now, so its first call compiles nothing: a `compiler.stages.Compiled`.
+        A job the cache holds (compiler/job_cache.py) is neither lowered nor generated again.
 
         Example:
             compiled = train_job.compile()
             print(compiled.source())                    # the generated C++
             print(compiled.memory_plan().peak_bytes)
         """
-        return self.lower().compile()
+        from flowc.compiler.stages import Compiled
+        return Compiled(*self._build(default_session()))
+
+    def _build(self, session: Session):
+        """The built step and why the kernel cache missed, through the job cache; adopted by this job."""
+        from flowc.compiler.job_cache import compile_traced
+        traced = self._trace(session)
+        step, miss_reason = compile_traced(traced.graph, self._device, None, self.config.numerics_checked,
+                                           {"trace": self._trace_seconds})
+        self._adopt(step)
+        return step, miss_reason
 
     def _adopt(self, step) -> None:
         """Take a step built by `Lowered.compile()`: the next call loads it instead of compiling.

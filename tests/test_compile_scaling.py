@@ -112,3 +112,44 @@ def test_cuda_launches_of_equal_kernels_share_a_function_and_equal_the_reference
     assert status == 0
     for g, r in zip(got, want):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_long_compile_shows_its_progress_on_a_terminal_only(monkeypatch):
+    from flowc.compiler import build_progress
+    monkeypatch.setattr(build_progress, "SHOW_AFTER_S", 0.0)
+    terminal = _Terminal(tty=True)
+    progress = build_progress.CompileProgress("'bert_train'", 2, terminal)
+    progress.update(1)
+    progress.finish()
+    assert "compiling 'bert_train': 1/2 parts done" in terminal.text
+    assert terminal.text.rstrip().splitlines()[-1].lstrip("\r").startswith("flowc: compiled 'bert_train' in 2 parts")
+    log = _Terminal(tty=False)
+    quiet = build_progress.CompileProgress("'bert_train'", 2, log)
+    quiet.update(1)
+    quiet.finish()
+    assert log.text == ""
+
+
+def test_a_quick_compile_shows_nothing():
+    from flowc.compiler import build_progress
+    terminal = _Terminal(tty=True)
+    progress = build_progress.CompileProgress("'job'", 2, terminal)
+    progress.update(2)
+    progress.finish()
+    assert terminal.text == ""
