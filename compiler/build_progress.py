@@ -35,6 +35,7 @@ class CompileProgress:
         self.stream = stream if stream is not None else sys.stderr
         self.start = time.perf_counter()
         self.shown = False
+        self._last: tuple[int, int] | None = None
 
     def _live(self) -> bool:
         isatty = getattr(self.stream, "isatty", None)
@@ -45,6 +46,9 @@ class CompileProgress:
         elapsed = time.perf_counter() - self.start
         if elapsed < SHOW_AFTER_S or not self._live():
             return
+        if (done, int(elapsed * 2)) == self._last:      # redrawn when a part ends, else twice a second
+            return
+        self._last = (done, int(elapsed * 2))
         self.stream.write(f"\rflowc: compiling {self.label}: {done}/{self.parts} parts done, {elapsed:.1f} s")
         self.stream.flush()
         self.shown = True

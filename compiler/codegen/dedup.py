@@ -25,7 +25,7 @@ import re
 # Identifiers a generator derives from node ids: buffer parameters and fused values (common.py).
 _NODE_NAME = re.compile(r"\b([bv])(\d+)\b")
 _COMMENT_LINE = re.compile(r"^[ \t]*//.*$", re.MULTILINE)
-NAME_PLACEHOLDER = "FLOWC_KERNEL_NAME"
+NAME_PLACEHOLDER = "@kernel@"     # not an identifier: it cannot meet one in the text
 
 
 def kernel_signature(text: str, name: str) -> str:
