@@ -135,3 +135,15 @@ def test_a_new_process_takes_the_job_from_the_cache(tmp_path):
     assert "passes" in cold["timings"] and not cold["from_cache"]
     assert "passes" not in warm["timings"] and warm["from_cache"] and warm["stats"]["compilations"] == 0
     assert warm["loss"] == cold["loss"]
+
+
+@pytest.mark.slow
+def test_flowc_compile_fills_the_job_cache_for_later_processes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "flowc.cli", "compile", "examples/mlp_train_demo.py", "--cache-dir", str(tmp_path)]
+    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert len(list(tmp_path.glob("*/*/job.pickle"))) == 2          # train_job and eval_job
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("passes and codegen: job cache") == 2 and "0 compiled" in again.stdout
