@@ -21,6 +21,7 @@ from typing import Protocol
 
 from flowc.compiler import cache as _cache
 from flowc.compiler import settings
+from flowc.compiler.build_progress import building
 from flowc.compiler.cache import KernelCache, KeyParts
 
 
@@ -113,7 +114,11 @@ def build_cached(toolchain: Compiler, source: str, name: str, *, cache: KernelCa
         if proc.returncode != 0:
             raise _compile_error(toolchain, cache, name, key, source, argv, proc)
 
-    entry, compiled = cache.get_or_build(parts, name, build, files=toolchain.files)
+    token = building.set(repr(name))        # the progress line of a long build names the job
+    try:
+        entry, compiled = cache.get_or_build(parts, name, build, files=toolchain.files)
+    finally:
+        building.reset(token)
     seconds = time.perf_counter() - t0
     if not compiled:
         debug(f"cache hit for {toolchain.label} {name!r} ({key[:16]}) in {seconds * 1e3:.1f} ms")

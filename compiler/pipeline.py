@@ -151,10 +151,22 @@ class CompiledStep:
     source_path: Path
     compiled: bool            # False when the cache had it
     timings: dict[str, float]
-    passes: list[PassRecord]
+    pass_records: list[PassRecord] | None     # None: from the job cache, made again from `traced` when asked
     device: str = HOST_DEVICE  # the backend it was built for (compiler/backends.py)
     arch: str | None = None   # the device architecture it was built for, where the backend has one
     check_numerics: bool = False   # built with a NaN/Inf check after each kernel
+    traced: Graph | None = None    # the graph the passes started from (kept by a job cache hit)
+
+    @property
+    def passes(self) -> list[PassRecord]:
+        """What each pass did.  A step from the job cache (compiler/job_cache.py) ran no pass: the
+        passes run again on its traced graph the first time their records are asked for."""
+        if self.pass_records is None:
+            assert self.traced is not None, "a step without pass records keeps its traced graph"
+            records: list[PassRecord] = []
+            lower(self.traced, records)
+            self.pass_records = records
+        return self.pass_records
 
 
 def compile_graph(graph: Graph, device: str = HOST_DEVICE, arch: str | None = None) -> CompiledStep:
@@ -191,11 +203,11 @@ def build_lowered(program: Program, records: list[PassRecord], timings: dict[str
     step = CompiledStep(program, generated, built.path, built.source_path, built.compiled, timings, records,
                         device=backend.name, arch=toolchain.arch, check_numerics=check_numerics)
     if settings.debug():
-        _write_debug_dump(step)
+        write_debug_dump(step)
     return step, built.miss_reason
 
 
-def _write_debug_dump(step: CompiledStep) -> None:
+def write_debug_dump(step: CompiledStep) -> None:
     folder = Path(tempfile.mkdtemp(prefix=f"flowc-{debug_folder_label(step.program.graph.name)}-"))
     for i, rec in enumerate(step.passes):
         (folder / f"{i:02d}-{rec.name}.txt").write_text(rec.dump + "\n")

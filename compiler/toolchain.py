@@ -28,10 +28,12 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
 from flowc.compiler import settings
+from flowc.compiler.build_progress import CompileProgress, building
 from flowc.compiler.cache import KernelCache, KeyParts
 from flowc.compiler.cached_build import BuildResult, ToolchainError, build_cached, debug, run_compiler
 
@@ -54,6 +56,9 @@ INSTALL_GXX_HINT = "install it with `apt-get install g++` (Debian/Ubuntu) or `dn
 SRC_PLACEHOLDER = "$SRC"
 OUT_PLACEHOLDER = "$OUT"
 CORE_PLACEHOLDER = "$CORE"
+
+# How often a build in parts looks at its compilers (and updates its progress line).
+PROGRESS_POLL_S = 0.1
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 
@@ -239,6 +244,7 @@ def build_shared_library(
 def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
     """Compile `units` at once (one g++ each) and link them into `out`; False if any step failed."""
     objects, procs = [], []
+    progress = CompileProgress(building.get(), len(units))
     for i, text in enumerate(units):
         src, obj = tmp / f"part{i}.cpp", tmp / f"part{i}.o"
         src.write_text(text)
@@ -249,11 +255,16 @@ def _build_in_parts(tmp: Path, units: list[str], out: Path) -> bool:
         # unread pipe here would block a part whose errors outgrow the pipe's buffer.)
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         objects.append(obj)
-    ok = all(p.wait() == 0 for p in procs)
+    while any(p.poll() is None for p in procs):
+        progress.update(sum(p.returncode is not None for p in procs))
+        time.sleep(PROGRESS_POLL_S)
+    ok = all(p.returncode == 0 for p in procs)
+    progress.update(len(procs))
     if ok:
         link = [*find_compiler(), "-shared", "-fopenmp", *map(str, objects), "-o", str(out)]
         debug("$ " + shlex.join(link))
         ok = _run(link).returncode == 0
+    progress.finish(ok)
     for i in range(len(units)):
         (tmp / f"part{i}.cpp").unlink(missing_ok=True)
         (tmp / f"part{i}.o").unlink(missing_ok=True)

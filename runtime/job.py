@@ -187,7 +187,7 @@ class JobFunction:
             if ready is not None and ready.session is session:     # another thread built it meanwhile
                 return ready
             if self._compiled is None or self._session is not session:
-                self._lower(session, None).compile()
+                self._build(session)
             assert self._compiled is not None and self._traced is not None    # adopted by compile()
             from flowc.runtime.devices import load_step
             with _build_lock:
@@ -249,15 +249,32 @@ class JobFunction:
         return Lowered(program, records, timings, device=device or self._device, on_compiled=self._adopt,
                        check_numerics=self.config.numerics_checked)
 
-    def compile(self):
+    def compile(self, device: DeviceName | None = None, arch: str | None = None):
         """Lower and build the job now, so its first call compiles nothing: a `compiler.stages.Compiled`.
+        A job the cache holds (compiler/job_cache.py) is neither lowered nor generated again.
+        `device` and `arch` build for another device than the job's, as `lower(device)` and
+        `Lowered.compile(arch)` do (such a step is only stored in the cache).
 
         Example:
             compiled = train_job.compile()
             print(compiled.source())                    # the generated C++
             print(compiled.memory_plan().peak_bytes)
         """
-        return self.lower().compile()
+        from flowc.compiler.stages import Compiled
+        if device is not None and device not in device_names():
+            raise ValueError(f"job {self.name!r}: device must be {' or '.join(map(repr, device_names()))}, "
+                             f"got {device!r}")
+        return Compiled(*self._build(default_session(), device, arch))
+
+    def _build(self, session: Session, device: DeviceName | None = None, arch: str | None = None):
+        """The built step and why the kernel cache missed, through the job cache; adopted by this job
+        when it was built for the job's own device."""
+        from flowc.compiler.job_cache import compile_traced
+        traced = self._trace(session)
+        step, miss_reason = compile_traced(traced.graph, device or self._device, arch, self.config.numerics_checked,
+                                           {"trace": self._trace_seconds})
+        self._adopt(step)
+        return step, miss_reason
 
     def _adopt(self, step) -> None:
         """Take a step built by `Lowered.compile()`: the next call loads it instead of compiling.

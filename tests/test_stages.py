@@ -37,7 +37,9 @@ def test_compile_builds_once_and_the_first_call_compiles_nothing():
     assert compiled.source_path.read_text() == compiled.source()
     assert compiled.memory_plan().peak_bytes == compiled.step.program.memory.arena_bytes
     assert "arena peak" in str(compiled.memory_plan())
-    assert set(compiled.timings) >= {"trace", "passes", "codegen", "compile"}
+    # lowered and generated now, or (a test cache kept across runs) taken from the job cache
+    assert set(compiled.timings) >= {"trace", "compile"}
+    assert {"passes", "codegen"} <= set(compiled.timings) or "job_cache" in compiled.timings
     before = flow.compile_cache_stats()
     out = job(np.ones((8, 4), np.float32))
     np.testing.assert_allclose(out, np.full((8, 3), 9.0))

@@ -14,6 +14,7 @@ from typing import ClassVar
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, matmul_geometry, reduction_extents,
                                            term)
+from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CPU_LOWERINGS as INDEXING_LOWERINGS, CppIndexing
 from flowc.compiler.codegen.rows import CPU_LOWERINGS as FUSED_ROW_LOWERINGS, CppFusedRows
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_lines
@@ -54,6 +55,8 @@ class GeneratedStep:
     # The error codes of check_numerics (a subset of `error_nodes`): code -> the node whose value has a
     # NaN or an infinity.  Empty when the step was built without the option.
     numerics_nodes: dict[int, int] = field(default_factory=dict)
+    # The C++ functions behind the kernels (compiler/codegen/dedup.py: equal kernels share one).
+    kernel_functions: int = 0
 
 
 class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
@@ -84,6 +87,7 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
                  profile: bool = False, check_numerics: bool = False) -> None:
         super().__init__(graph, kernels, memory, version, profile, check_numerics)
         self.bindings: list[tuple] = [("arena",)]
+        self._table = KernelTable()         # the step's distinct functions (dedup.py)
 
     # -- buffers ----------------------------------------------------------------------
     def pointer(self, node_id: int) -> CodeText:
@@ -100,19 +104,22 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
 
     # -- kernels ----------------------------------------------------------------------------
     def render(self) -> GeneratedStep:
-        kernels, calls = [], []
+        table = self._table = KernelTable()
+        calls: list[CodeText] = []
         numerics: list[list[CodeText]] = []     # per call: the NaN/Inf checks after it (check_numerics)
         for k in self.kernels:
             writes = {n for n in k.nodes() if self.stored(n, k)}
             params = Params(self, writes)
             source, returns_error = getattr(self, self.KIND_METHODS[k.kind])(k, params)
-            kernels.append(source)
-            args, name = ", ".join(params.arguments()), c_identifier(k.name)
+            own = c_identifier(k.name)
+            name, _ = table.add(source, own)      # a kernel the same as an earlier one calls its function
+            args = ", ".join(params.arguments())
+            which = f"  // {own}" if name != own else ""
             if returns_error:
                 # Stop at the first error: no later kernel (an optimizer update) may run on its data.
-                calls.append(code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;"))
+                calls.append(code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;{which}"))
             else:
-                calls.append(code(f"{name}({args});"))
+                calls.append(code(f"{name}({args});{which}"))
             numerics.append([code(f"if (flowc::any_non_finite({self.pointer(n)}, {self.graph.node(n).type.size})) "
                                   f"return {self.numerics_code(n)};") for n in self.numerics_checked(k)])
         checks = [{"labels": self.pointer(c.node), "rows": self.graph.node(c.node).type.size,
@@ -121,6 +128,7 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
                        "nbytes": self.graph.node(node).type.nbytes} for node, var in self.memory.copy_back]
         uses_conv = any(k.kind == "window" and self.graph.node(k.anchor_id).op.startswith("conv2d")
                         for k in self.kernels)
+        kernels = table.sources
         common = dict(version=self.version, job=self.graph.name, checks=checks, calls=calls, copy_backs=copy_backs,
                       profile=self.profile, numerics=numerics, check_numerics=self.check_numerics,
                       uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),  # convs run on the GEMM
@@ -130,14 +138,15 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
         parts = []
         groups = _split_for_compilers(kernels, COMPILE_PARTS)
         if len(groups) > 1:
-            last = set(groups[-1])
+            # Every part declares the functions it does not define: the step calls kernels, and a
+            # multi-loop kernel calls loop functions, that may lie in another part.
             parts = [step.render(kernels=[kernels[i] for i in g], split=True, with_step=g is groups[-1],
-                                 prototypes=[_prototype(kernels[i]) for i in range(len(kernels)) if i not in last]
-                                 if g is groups[-1] else [], **common)
+                                 prototypes=[_prototype(kernels[i]) for i in range(len(kernels)) if i not in set(g)],
+                                 **common)
                      for g in groups]
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes), list(self.label_checks),
                              [k.name for k in self.kernels] if self.profile else [], parts,
-                             dict(self.numerics_nodes))
+                             dict(self.numerics_nodes), len(kernels))
 
     def pointer_for_variable(self, var: str, node: int) -> CodeText:
         t = c_type(self.graph.node(node).type.dtype)
@@ -147,11 +156,25 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
         return code(f"static_cast<{t}*>(ptrs[{self.bindings.index(binding)}])")
 
     def _kernel_pointwise(self, k: Kernel, params: Params):
-        loops = [self._loop_context(k, loop, params) for loop in k.loops]
+        if len(k.loops) == 1:
+            loops = [self._loop_context(k, k.loops[0], params)]
+            return _env.get_template("pointwise.cpp.j2").render(
+                name=c_identifier(k.name), comment=self.comment(k), params=params.declarations(), loops=loops,
+                loop_calls=[], parallel=loops[0]["parallel"]), False
+        # Several loops: each its own function (shared by the loops equal to it), called from this kernel.
+        loop_params = [Params(self, params.writes) for _ in k.loops]
+        loops = [self._loop_context(k, loop, lp) for loop, lp in zip(k.loops, loop_params)]
         parallel = any(lp["parallel"] for lp in loops)
+        calls = []
+        for i, (lp, lparams) in enumerate(zip(loops, loop_params)):
+            own = f"{c_identifier(k.name)}_loop{i}"
+            text = _env.get_template("pointwise_loop.cpp.j2").render(
+                name=code(own), params=lparams.declarations(), lp=lp, worksharing=parallel)
+            fn, _ = self._table.add(text, own)
+            calls.append(code(f"{fn}({', '.join(params.use(n) for n in lparams.order)});"))
         return _env.get_template("pointwise.cpp.j2").render(
             name=c_identifier(k.name), comment=self.comment(k), params=params.declarations(), loops=loops,
-            parallel=parallel), False
+            loop_calls=calls, parallel=parallel), False
 
     def _loop_context(self, k: Kernel, members: list[int], params: Params) -> dict:
         shape = self.graph.node(members[-1]).type.shape

@@ -21,7 +21,7 @@ one wins) when a value holds a NaN or an infinity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +29,7 @@ import numpy as np
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
+from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
 from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, CudaFusedRows
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
@@ -89,6 +90,7 @@ class GeneratedCudaStep:
     templates: list[str] = field(default_factory=list)   # the template of each kernel, in kernel order
     tensor_cores: bool = False       # GEMMs on TF32 tensor cores
     numerics_nodes: dict[int, int] = field(default_factory=dict)   # check_numerics codes -> node id
+    kernel_functions: int = 0        # the __global__ functions behind the launches (equal kernels share one)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -172,18 +174,25 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
 
     # -- the step ---------------------------------------------------------------------------
     def render(self) -> GeneratedCudaStep:
-        sources: list[str] = []
+        table = KernelTable()           # equal kernels are one __global__ function (dedup.py)
         launches: list[Launch] = []
+        profiled: list[str] = []        # each launch by its own kernel's name, for the profile
         for k in self.kernels:
             writes = {n for n in k.nodes() if self.stored(n, k)}
             params = Params(self, writes)
             text, kernel_launches = getattr(self, self.KIND_METHODS[k.kind])(k, params)
-            sources.append(text)
-            launches.extend(kernel_launches)
-            for n in self.numerics_checked(k):
-                text, launch = self._numerics_check(k, n)
-                sources.append(text)
-                launches.append(launch)
+            checks = [self._numerics_check(k, n) for n in self.numerics_checked(k)]
+            for launch in kernel_launches:
+                profiled.append(launch.kernel)
+            for text_, launch in [(text, None)] + checks:
+                own = c_identifier(k.name) if launch is None else c_identifier(launch.kernel)
+                fn, _ = table.add(text_, own)
+                if launch is None:      # the kernel's launches (a companion `<name>_sum` too) call `fn`
+                    launches.extend(_calling(la, own, fn) for la in kernel_launches)
+                else:
+                    profiled.append(launch.kernel)
+                    launches.append(_calling(launch, own, fn))
+        sources = table.sources
         copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
                   for node, var in self.memory.copy_back]
         bindings: list[tuple] = [("arena",)]
@@ -195,9 +204,9 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
             launches=launches, copies=copies, bindings=[describe_binding(b) for b in bindings],
             uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
         return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes), list(self.label_checks),
-                                 [la.kernel for la in launches] if self.profile else [],
+                                 profiled if self.profile else [],
                                  self.scratch_bytes, list(self.templates), self.tensor_cores,
-                                 dict(self.numerics_nodes))
+                                 dict(self.numerics_nodes), len(sources))
 
     def _numerics_check(self, k: Kernel, node_id: int) -> tuple[str, Launch]:
         """check_numerics after kernel `k`: a kernel scanning the value of `node_id` it stored."""
@@ -421,6 +430,14 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
         text = self._template(self.lowering(a.op).template, total=total, block=BLOCK, X=code(f"b{a.inputs[0]}"),
                               OUT=code(f"b{a.id}"), params=params.declarations(), **ctx)
         return text, [Launch(k.name, _grid_1d(total), (BLOCK, 1, 1), 0, tuple(params.arguments()))]
+
+
+def _calling(launch: Launch, own: str, fn: str) -> Launch:
+    """`launch` of kernel `own` (or of its companion `own_sum`) as a launch of the equal function `fn`."""
+    if fn == own:
+        return launch
+    assert launch.kernel.startswith(own), (launch.kernel, own)
+    return replace(launch, kernel=fn + launch.kernel[len(own):])
 
 
 # Templates whose kernels call the tile GEMM of flowc_cuda_gemm.h (the step then includes it).

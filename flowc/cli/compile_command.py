@@ -55,19 +55,20 @@ def run(args: argparse.Namespace) -> int:
     for job in jobs:
         say(f"{job.name:<24} {job.job_type:<8}", end="", flush=True)
         try:
-            lowered = job.lower(device=None if args.device == "auto" else args.device)
-            compiled = lowered.compile(arch=args.arch)
+            # through the job cache, so that processes started later skip the passes too
+            compiled = job.compile(device=None if args.device == "auto" else args.device, arch=args.arch)
         except ToolchainError as e:
             say("")
             print(e, file=sys.stderr)
             return 1
         t = compiled.timings
         built += not compiled.from_cache
-        say(f" trace {t.get('trace', 0) * 1e3:6.0f} ms  passes {t['passes'] * 1e3:5.0f} ms  "
-            f"codegen {t['codegen'] * 1e3:4.0f} ms  compile {t['compile'] * 1e3:6.0f} ms  "
+        lowering = (f"passes {t['passes'] * 1e3:5.0f} ms  codegen {t['codegen'] * 1e3:4.0f} ms" if "passes" in t
+                    else f"passes and codegen: job cache {t.get('job_cache', 0) * 1e3:5.0f} ms")
+        say(f" trace {t.get('trace', 0) * 1e3:6.0f} ms  {lowering}  compile {t['compile'] * 1e3:6.0f} ms  "
             f"{'cached' if compiled.from_cache else 'compiled'} ({compiled.device})")
         if args.verbose:
-            say(lowered.passes_text())
+            say(compiled.lowered().passes_text())
             say(f"  {compiled.miss_reason or 'cache hit'}; library {compiled.library}")
     say(f"{len(jobs)} job(s) in {time.perf_counter() - start:.2f} s: {built} compiled, "
         f"{len(jobs) - built} already in the cache at {default_cache().root}")

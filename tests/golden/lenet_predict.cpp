@@ -29,7 +29,10 @@
 #endif
 
 #define FLOWC_RESTRICT __restrict__
-#define FLOWC_KERNEL static
+// Kernels are never inlined into their callers: a kernel is called from many places (kernels that
+// are the same share one function), and g++ takes much longer over a step with every kernel inlined
+// into it than over the kernels apart (BERT-base: 6.5 s against 2.9 s of CPU), for a call per kernel.
+#define FLOWC_KERNEL static __attribute__((noinline))
 
 // conv2d_3_add_relu: %3 conv2d @synchronize_batch_job.py:14, %6 add @synchronize_batch_job.py:14, %7 relu @synchronize_batch_job.py:14
 FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b2, float* FLOWC_RESTRICT b3, const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7) {

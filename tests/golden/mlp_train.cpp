@@ -22,7 +22,10 @@
 #include "flowc_gemm.h"
 
 #define FLOWC_RESTRICT __restrict__
-#define FLOWC_KERNEL static
+// Kernels are never inlined into their callers: a kernel is called from many places (kernels that
+// are the same share one function), and g++ takes much longer over a step with every kernel inlined
+// into it than over the kernels apart (BERT-base: 6.5 s against 2.9 s of CPU), for a call per kernel.
+#define FLOWC_KERNEL static __attribute__((noinline))
 
 // matmul_4_add_relu: %4 matmul @mlp_train_demo.py:27, %6 add @mlp_train_demo.py:27, %7 relu @mlp_train_demo.py:27
 FLOWC_KERNEL void matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7, const float* FLOWC_RESTRICT b2, const float* FLOWC_RESTRICT b3, float* FLOWC_RESTRICT b4) {
