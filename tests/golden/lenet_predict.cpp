@@ -87,35 +87,24 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
 
 // max_pool2d_8: %8 max_pool2d @synchronize_batch_job.py:23
 FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-  // Output columns whose windows lie inside the input's columns: [kInLo, kInHi).
-  constexpr int64_t kInLo = std::min<int64_t>(14, (0 + 2 - 1) / 2);
-  constexpr int64_t kInHi = std::max<int64_t>(kInLo, std::min<int64_t>(14, 28 - 2 + 0 >= 0
-                                                      ? (28 - 2 + 0) / 2 + 1 : 0));
 #pragma omp parallel for schedule(static) if(2508800 >= 262144)
   for (int64_t plane = 0; plane < 3200; ++plane) {
     const float* xp = x + plane * 784;
     float* yp = y + plane * 196;
-    for (int64_t oh = 0; oh < 14; ++oh) {
-      const int64_t h0 = oh * 2 - 0;
-      const int64_t i_lo = std::max<int64_t>(0, -h0);
-      const int64_t i_hi = std::max<int64_t>(i_lo, std::min<int64_t>(2, 28 - h0));
-      // One window: rows [i_lo, i_hi) and columns [j_lo, j_hi) of the taps, row by row.
-      auto window = [&](int64_t ow, int64_t j_lo, int64_t j_hi) {
-        const int64_t at = h0 * 28 + ow * 2 - 0;   // tap (0, 0), maybe in the padding
+    for (int64_t oh = 0; oh < 14; ++oh)
+      for (int64_t ow = 0; ow < 14; ++ow) {
         float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = i_lo; i < i_hi; ++i)
-          for (int64_t j = j_lo; j < j_hi; ++j) best = flowc::maximum(best, xp[at + i * 28 + j]);   // a NaN propagates
+        for (int64_t i = 0; i < 2; ++i) {
+          const int64_t ih = oh * 2 - 0 + i;
+          if (ih < 0 || ih >= 28) continue;
+          for (int64_t j = 0; j < 2; ++j) {
+            const int64_t iw = ow * 2 - 0 + j;
+            if (iw < 0 || iw >= 28) continue;
+            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
+          }
+        }
         yp[oh * 14 + ow] = best;
-      };
-      auto edge = [&](int64_t ow) {
-        const int64_t w0 = ow * 2 - 0;
-        const int64_t j_lo = std::max<int64_t>(0, -w0);
-        window(ow, j_lo, std::max<int64_t>(j_lo, std::min<int64_t>(2, 28 - w0)));
-      };
-      for (int64_t ow = 0; ow < kInLo; ++ow) edge(ow);
-      for (int64_t ow = kInLo; ow < kInHi; ++ow) window(ow, 0, 2);
-      for (int64_t ow = kInHi; ow < 14; ++ow) edge(ow);
-    }
+      }
   }
 }
 
@@ -172,35 +161,24 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
 
 // max_pool2d_15: %15 max_pool2d @synchronize_batch_job.py:33
 FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-  // Output columns whose windows lie inside the input's columns: [kInLo, kInHi).
-  constexpr int64_t kInLo = std::min<int64_t>(7, (0 + 2 - 1) / 2);
-  constexpr int64_t kInHi = std::max<int64_t>(kInLo, std::min<int64_t>(7, 14 - 2 + 0 >= 0
-                                                      ? (14 - 2 + 0) / 2 + 1 : 0));
 #pragma omp parallel for schedule(static) if(1254400 >= 262144)
   for (int64_t plane = 0; plane < 6400; ++plane) {
     const float* xp = x + plane * 196;
     float* yp = y + plane * 49;
-    for (int64_t oh = 0; oh < 7; ++oh) {
-      const int64_t h0 = oh * 2 - 0;
-      const int64_t i_lo = std::max<int64_t>(0, -h0);
-      const int64_t i_hi = std::max<int64_t>(i_lo, std::min<int64_t>(2, 14 - h0));
-      // One window: rows [i_lo, i_hi) and columns [j_lo, j_hi) of the taps, row by row.
-      auto window = [&](int64_t ow, int64_t j_lo, int64_t j_hi) {
-        const int64_t at = h0 * 14 + ow * 2 - 0;   // tap (0, 0), maybe in the padding
+    for (int64_t oh = 0; oh < 7; ++oh)
+      for (int64_t ow = 0; ow < 7; ++ow) {
         float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = i_lo; i < i_hi; ++i)
-          for (int64_t j = j_lo; j < j_hi; ++j) best = flowc::maximum(best, xp[at + i * 14 + j]);   // a NaN propagates
+        for (int64_t i = 0; i < 2; ++i) {
+          const int64_t ih = oh * 2 - 0 + i;
+          if (ih < 0 || ih >= 14) continue;
+          for (int64_t j = 0; j < 2; ++j) {
+            const int64_t iw = ow * 2 - 0 + j;
+            if (iw < 0 || iw >= 14) continue;
+            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
+          }
+        }
         yp[oh * 7 + ow] = best;
-      };
-      auto edge = [&](int64_t ow) {
-        const int64_t w0 = ow * 2 - 0;
-        const int64_t j_lo = std::max<int64_t>(0, -w0);
-        window(ow, j_lo, std::max<int64_t>(j_lo, std::min<int64_t>(2, 14 - w0)));
-      };
-      for (int64_t ow = 0; ow < kInLo; ++ow) edge(ow);
-      for (int64_t ow = kInLo; ow < kInHi; ++ow) window(ow, 0, 2);
-      for (int64_t ow = kInHi; ow < 7; ++ow) edge(ow);
-    }
+      }
   }
 }
 
