@@ -32,7 +32,7 @@ void emu_warp(int kind, unsigned mask, const void* in, void* out, int size, int 
               const char* file, int line);
 void emu_atomic(const void* p, int size);
 int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz,
-            unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared, char* shared_lo, char* shared_hi);
+            unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared);
 }
 
 // Built-in variables are calls, not globals: the runtime's state is not instrumented memory.
@@ -45,9 +45,12 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-// Static shared arrays go to one section, so the runtime knows this module's shared memory
-// (__start_/__stop_emu_shared): poisoned at each block's start, race-checked per barrier.
-#define __shared__ static __attribute__((section("emu_shared")))
+// Static shared arrays are the module's only writable data (CUDA allows no other statics in
+// device code), so the runtime takes the module's writable segment for its shared memory:
+// poisoned at each block's start, race-checked per barrier.  g++'s -fsanitize=kernel-address
+// registers each (non-template) one with its size and pads it with a redzone, so an access past
+// an array's end is seen; -fno-gnu-unique keeps each module's template statics its own.
+#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __trap() abort()
 #define __syncthreads() emu_syncthreads(__FILE__, __LINE__)
@@ -75,14 +78,8 @@ inline int atomicCAS(int* p, int compare, int v) { emu_atomic(p, 4); int old = *
 inline int atomicAdd(int* p, int v) { emu_atomic(p, 4); int old = *p; *p = old + v; return old; }
 inline float atomicAdd(float* p, float v) { emu_atomic(p, 4); float old = *p; *p = old + v; return old; }
 
-// This module's shared memory (weak and hidden: absent when no kernel declares __shared__, and
-// never bound to another loaded module's section).
-extern "C" char __start_emu_shared[] __attribute__((weak, visibility("hidden")));
-extern "C" char __stop_emu_shared[] __attribute__((weak, visibility("hidden")));
-
 // Returns 0, or 1 with the violation in emu_error().
 extern "C" int emu_launch(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy,
                           unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared) {
-  return emu_run(name, fn, nargs, args, gx, gy, gz, bx, by, bz, dynamic_shared, __start_emu_shared,
-                 __stop_emu_shared);
+  return emu_run(name, fn, nargs, args, gx, gy, gz, bx, by, bz, dynamic_shared);
 }

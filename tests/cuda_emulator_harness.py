@@ -39,8 +39,10 @@ const char* emu_error(void);
 """
 # Every load and store of a kernel calls the runtime (__asan_{load,store}N_noabort); the
 # runtime's own memory (threadIdx & co.) is reached through calls, and fiber stacks are skipped.
+# Static (shared) arrays get redzones and are registered (__asan_register_globals); template
+# statics stay private to their module (-fno-gnu-unique).
 INSTRUMENT = ["-fsanitize=kernel-address", "--param", "asan-instrumentation-with-call-threshold=0",
-              "--param", "asan-stack=0", "--param", "asan-globals=0"]
+              "--param", "asan-stack=0", "--param", "asan-globals=1", "-fno-gnu-unique"]
 
 
 class EmulatorError(AssertionError):

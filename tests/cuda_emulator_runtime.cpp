@@ -21,9 +21,12 @@
 //   * barriers: every thread of a block that has not exited must reach the same __syncthreads()
 //     (the same file and line) before any passes it; warp collectives need every lane of their
 //     mask, none exited, at the same call; a block where no thread can proceed is a deadlock.
-// Approximations (documented, not hidden): shared arrays of one module share a section, so an
-// access past one array into the next is not seen (only the section's ends are guarded); warp
-// shuffles count as memory ordering within the warp (CUDA only promises that of __syncwarp).
+// Shared memory is the kernel module's writable segment (its static arrays); each registered
+// array (__asan_register_globals) is followed by a redzone, so an access past its end is out of
+// bounds.  Approximations (documented, not hidden): template static arrays (block_reduce's
+// partial[]) are not registered, so only the segment's ends bound them; warp shuffles count as
+// memory ordering within the warp (CUDA only promises that of __syncwarp).
+#include <link.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -72,6 +75,25 @@ Region* find_region(uintptr_t a) {
   return last_region = it->second;
 }
 
+// --- static (shared) arrays, as g++ registers them -----------------------------------------------------
+
+struct AsanGlobal {                        // gcc/asan.c's __asan_global (ABI v8)
+  uintptr_t beg, size, size_with_redzone;
+  const char* name;
+  const char* module_name;
+  uintptr_t has_dynamic_init;
+  void* location;
+  uintptr_t odr_indicator;
+};
+std::map<uintptr_t, const AsanGlobal*> globals;   // by beg
+
+const AsanGlobal* find_global(uintptr_t a) {
+  auto it = globals.upper_bound(a);
+  if (it == globals.begin()) return nullptr;
+  --it;
+  return a < it->second->beg + it->second->size_with_redzone ? it->second : nullptr;
+}
+
 // --- the launch ------------------------------------------------------------------------------------
 
 enum State : uint8_t { kRun, kBarrier, kWarp, kDone };
@@ -108,7 +130,10 @@ std::string error;
 
 std::string where(uintptr_t a) {
   char buf[160];
-  if (a >= shared_lo && a < shared_hi) {
+  if (const AsanGlobal* g = a >= shared_lo && a < shared_hi ? find_global(a) : nullptr) {
+    snprintf(buf, sizeof buf, "0x%lx (shared memory, byte %ld of %s[], %lu bytes)", (unsigned long)a,
+             (long)(a - g->beg), g->name, (unsigned long)g->size);
+  } else if (a >= shared_lo && a < shared_hi) {
     snprintf(buf, sizeof buf, "0x%lx (shared memory, byte %lu of the module's %lu)", (unsigned long)a,
              (unsigned long)(a - shared_lo), (unsigned long)(shared_hi - shared_lo));
   } else if (Region* r = find_region(a)) {
@@ -198,6 +223,10 @@ void access(uintptr_t a, size_t n, bool write) {
   if (a + n > shared_lo && a < shared_hi) {
     if (a < shared_lo || a + n > shared_hi)
       violation(kind, where(a), "%lu bytes cross the end of the module's shared memory", (unsigned long)n);
+    if (const AsanGlobal* g = find_global(a))
+      if (a < g->beg || a + n > g->beg + g->size)
+        violation(kind, where(a), "%lu bytes, outside the shared array %s[] of %lu bytes", (unsigned long)n, g->name,
+                  (unsigned long)g->size);
     if (block_hi == 0 || a < block_lo) block_lo = a;
     if (a + n > block_hi) block_hi = a + n;
     for (size_t i = 0; i < n; ++i) {
@@ -253,9 +282,39 @@ void fiber_main() {
   release_block_if_ready();
 }
 
+// The writable segment of the module that holds `fn`: its static (shared) arrays.
+struct ModuleFind { uintptr_t fn, lo, hi; };
+int find_module(dl_phdr_info* info, size_t, void* data) {
+  ModuleFind* f = (ModuleFind*)data;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& p = info->dlpi_phdr[i];
+    const uintptr_t lo = info->dlpi_addr + p.p_vaddr;
+    if (p.p_type == PT_LOAD && f->fn >= lo && f->fn < lo + p.p_memsz) mine = true;
+  }
+  if (!mine) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& p = info->dlpi_phdr[i];
+    if (p.p_type != PT_LOAD || !(p.p_flags & PF_W)) continue;
+    const uintptr_t lo = info->dlpi_addr + p.p_vaddr;
+    if (!f->lo || lo < f->lo) f->lo = lo;
+    if (lo + p.p_memsz > f->hi) f->hi = lo + p.p_memsz;
+  }
+  return 1;
+}
+
 }  // namespace
 
 extern "C" {
+
+void __asan_register_globals(const AsanGlobal* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) globals[g[i].beg] = &g[i];
+}
+void __asan_unregister_globals(const AsanGlobal* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) globals.erase(g[i].beg);
+}
+void __asan_before_dynamic_init(const char*) {}
+void __asan_after_dynamic_init(void) {}
 
 uint3 emu_thread_idx(void) { return thread_idx; }
 uint3 emu_block_idx(void) { return block_idx; }
@@ -400,7 +459,7 @@ void emu_copy(void* dst, const void* src, size_t n) {
 // --- the launch ------------------------------------------------------------------------------------------
 
 int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-            unsigned by, unsigned bz, unsigned dynamic_shared, char* slo, char* shi) {
+            unsigned by, unsigned bz, unsigned dynamic_shared) {
   error.clear();
   aborting = false;
   current = -1;
@@ -422,7 +481,9 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
     stacks = (char*)mmap(nullptr, kStack * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (stacks == MAP_FAILED) { stacks = nullptr; violation("emulator", "", "no memory for fiber stacks"); return 1; }
   }
-  shared_lo = (uintptr_t)slo; shared_hi = slo && shi ? (uintptr_t)shi : shared_lo;
+  ModuleFind module{(uintptr_t)fn, 0, 0};
+  dl_iterate_phdr(find_module, &module);
+  shared_lo = module.lo; shared_hi = module.hi;
   block_lo = block_hi = 0;
   shared_used = 0;
   shared_init.assign(shared_hi - shared_lo, 0);

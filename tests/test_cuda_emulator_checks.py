@@ -113,6 +113,11 @@ def test_an_out_of_bounds_write_is_caught(lib):
     assert "thread (64,0,0)" in message and "byte 256 of allocation" in message and "256 bytes" in message
 
 
+def test_an_out_of_bounds_shared_write_is_caught(lib):
+    message = caught(lib, "shared_one_past", "out-of-bounds write", block=(65, 1, 1))
+    assert "thread (64,0,0)" in message and "byte 256 of s[]" in message and "shared array s[] of 256 bytes" in message
+
+
 def test_an_uninitialised_read_is_caught(lib):
     out, src, _ = buffers(write_in=False)
     message = caught(lib, "copy", "uninitialised read", out=out, src=src)
@@ -122,6 +127,11 @@ def test_an_uninitialised_read_is_caught(lib):
 def test_an_uninitialised_shared_read_is_caught(lib):
     message = caught(lib, "shared_never_written", "uninitialised read")
     assert "shared memory" in message and "thread (0,0,0)" in message
+
+
+def test_an_uninitialised_read_of_a_template_shared_array_is_caught(lib):
+    message = caught(lib, "template_partial_unwritten", "uninitialised read")
+    assert "thread (63,0,0)" in message and "shared memory" in message      # reads partial[31]
 
 
 def test_a_shuffle_after_lanes_exited_is_caught(lib):

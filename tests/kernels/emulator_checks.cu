@@ -88,3 +88,24 @@ extern "C" __global__ void shared_never_written(float* out, const float* in) {
   __syncthreads();
   out[threadIdx.x] = s[63 - threadIdx.x];
 }
+
+// Out-of-bounds shared write: one thread past the end of a 64-float shared array (65 threads).
+extern "C" __global__ void shared_one_past(float* out, const float* in) {
+  __shared__ float s[64];
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  if (threadIdx.x < 64) out[threadIdx.x] = s[threadIdx.x];
+}
+
+// Uninitialised shared memory in a template (as flowc_cuda.h's block_reduce declares its array):
+// warp 0 reads the partial of a warp that does not exist.
+template <class T>
+__device__ T read_partial(T v) {
+  __shared__ T partial[32];
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  return partial[threadIdx.x & 31];
+}
+extern "C" __global__ void template_partial_unwritten(float* out, const float* in) {
+  out[threadIdx.x] = read_partial(in[threadIdx.x]);
+}
