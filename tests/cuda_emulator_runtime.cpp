@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -123,8 +124,8 @@ void* kernel_fn = nullptr;
 int kernel_nargs = 0;
 void** kernel_args = nullptr;
 uintptr_t shared_lo = 0, shared_hi = 0, block_lo = 0, block_hi = 0;   // block_*: shared bytes this block touched
-size_t shared_used = 0;                    // distinct shared bytes this launch touched
-std::vector<uint8_t> shared_init, shared_touched;
+size_t shared_used = 0;                    // most distinct shared bytes one block touched
+std::vector<uint8_t> shared_init, shared_redzone;
 std::vector<Cell> shared_cells;
 std::string error;
 
@@ -215,6 +216,22 @@ void check_byte(uintptr_t a, Cell& c, uint8_t& init, bool write) {
   init = 1;
 }
 
+// The bytes of one access usually share their history: check the first, and give each later
+// byte with the same shadow the same outcome.
+void check_bytes(uintptr_t a, size_t n, Cell* cells, uint8_t* init, bool write) {
+  const Cell before = cells[0];
+  const uint8_t init_before = init[0];
+  check_byte(a, cells[0], init[0], write);
+  for (size_t i = 1; i < n; ++i) {
+    if (init[i] == init_before && std::memcmp(&cells[i], &before, sizeof(Cell)) == 0) {
+      cells[i] = cells[0];
+      init[i] = init[0];
+    } else {
+      check_byte(a + i, cells[i], init[i], write);
+    }
+  }
+}
+
 void access(uintptr_t a, size_t n, bool write) {
   if (!in_launch || current < 0 || aborting) return;
   const uintptr_t stack_lo = (uintptr_t)stacks;
@@ -223,19 +240,15 @@ void access(uintptr_t a, size_t n, bool write) {
   if (a + n > shared_lo && a < shared_hi) {
     if (a < shared_lo || a + n > shared_hi)
       violation(kind, where(a), "%lu bytes cross the end of the module's shared memory", (unsigned long)n);
-    if (const AsanGlobal* g = find_global(a))
-      if (a < g->beg || a + n > g->beg + g->size)
-        violation(kind, where(a), "%lu bytes, outside the shared array %s[] of %lu bytes", (unsigned long)n, g->name,
-                  (unsigned long)g->size);
+    const uint8_t* redzone = shared_redzone.data() + (a - shared_lo);
+    if (redzone[0] | redzone[n - 1]) {
+      const AsanGlobal* g = find_global(a);
+      violation(kind, where(a), "%lu bytes, outside the shared array %s[] of %lu bytes", (unsigned long)n,
+                g ? g->name : "?", g ? (unsigned long)g->size : 0ul);
+    }
     if (block_hi == 0 || a < block_lo) block_lo = a;
     if (a + n > block_hi) block_hi = a + n;
-    for (size_t i = 0; i < n; ++i) {
-      uint8_t& touched = shared_touched[a + i - shared_lo];
-      shared_used += !touched;
-      touched = 1;
-    }
-    for (size_t i = 0; i < n; ++i)
-      check_byte(a + i, shared_cells[a + i - shared_lo], shared_init[a + i - shared_lo], write);
+    check_bytes(a, n, shared_cells.data() + (a - shared_lo), shared_init.data() + (a - shared_lo), write);
     return;
   }
   Region* r = find_region(a);
@@ -244,7 +257,7 @@ void access(uintptr_t a, size_t n, bool write) {
   if (a < r->lo || a + n > r->hi)
     violation(kind, where(a), "%lu bytes, outside allocation #%lu of %lu bytes at 0x%lx", (unsigned long)n,
               (unsigned long)r->id, (unsigned long)(r->hi - r->lo), (unsigned long)r->lo);
-  for (size_t i = 0; i < n; ++i) check_byte(a + i, r->cells[a + i - r->lo], r->init[a + i - r->lo], write);
+  check_bytes(a, n, r->cells + (a - r->lo), r->init + (a - r->lo), write);
 }
 
 // --- fibers, barriers, warp collectives ----------------------------------------------------------------
@@ -487,7 +500,12 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
   block_lo = block_hi = 0;
   shared_used = 0;
   shared_init.assign(shared_hi - shared_lo, 0);
-  shared_touched.assign(shared_hi - shared_lo, 0);
+  shared_redzone.assign(shared_hi - shared_lo, 0);
+  for (auto it = globals.lower_bound(shared_lo); it != globals.end() && it->first < shared_hi; ++it) {
+    const AsanGlobal* g = it->second;
+    const uintptr_t end = std::min<uintptr_t>(g->beg + g->size_with_redzone, shared_hi);
+    for (uintptr_t b = g->beg + g->size; b < end; ++b) shared_redzone[b - shared_lo] = 1;
+  }
   shared_cells.assign(shared_hi - shared_lo, Cell{});
   launch_stamp0 = next_stamp;
   const int nthreads = (int)threads, nwarps = (nthreads + 31) / 32;
@@ -498,8 +516,15 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
         block_idx = {x, y, z};
         stamp = next_stamp++;
         block_gen = 0; bar_arrived = 0; live = nthreads;
-        // Shared memory is uninitialised at each block's start, and its shadow starts afresh.
+        // Shared memory is uninitialised at each block's start, and its shadow starts afresh
+        // (after counting the bytes the last block touched: they have a shadow).
         if (block_hi > block_lo) {
+          size_t used = 0;
+          for (uintptr_t b = block_lo; b < block_hi; ++b) {
+            const Cell& c = shared_cells[b - shared_lo];
+            used += c.ws >= launch_stamp0 || c.rs >= launch_stamp0;
+          }
+          shared_used = std::max(shared_used, used);
           std::memset(shared_init.data() + (block_lo - shared_lo), 0, block_hi - block_lo);
           std::memset((void*)(shared_cells.data() + (block_lo - shared_lo)), 0, (block_hi - block_lo) * sizeof(Cell));
         }
@@ -546,6 +571,12 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
       }
   in_launch = false;
   current = -1;
+  size_t used = 0;
+  for (uintptr_t b = block_lo; b < block_hi; ++b) {
+    const Cell& c = shared_cells[b - shared_lo];
+    used += c.ws >= launch_stamp0 || c.rs >= launch_stamp0;
+  }
+  shared_used = std::max(shared_used, used);
   // Distinct bytes touched: a lower bound of the kernel's static shared memory (the module's
   // section holds every kernel's arrays).
   if (!aborting && shared_used > 48 * 1024)

@@ -149,6 +149,11 @@ def test_a_launch_over_the_sm90_limits_is_caught(lib, grid, block, shared, what)
     assert what in message
 
 
+def test_static_shared_memory_over_48_kib_is_caught(lib):
+    message = caught(lib, "shared_64k", "launch over limits")
+    assert "65536 bytes of static shared memory" in message
+
+
 def test_the_host_copy_initialises_and_a_later_launch_does_not_race(lib):
     """Launches are ordered: the same bytes written by one launch and read by the next are fine."""
     out, src, x = buffers()

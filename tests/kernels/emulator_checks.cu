@@ -109,3 +109,11 @@ __device__ T read_partial(T v) {
 extern "C" __global__ void template_partial_unwritten(float* out, const float* in) {
   out[threadIdx.x] = read_partial(in[threadIdx.x]);
 }
+
+// Over sm_90's 48 KiB of static shared memory: a 64 KiB array, every byte used.
+extern "C" __global__ void shared_64k(float* out, const float* in) {
+  __shared__ float big[16384];
+  for (int i = threadIdx.x; i < 16384; i += blockDim.x) big[i] = in[threadIdx.x];
+  __syncthreads();
+  out[threadIdx.x] = big[16383 - threadIdx.x];
+}
