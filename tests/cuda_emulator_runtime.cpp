@@ -37,6 +37,7 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,7 +107,7 @@ struct Warp {
   const char* file = nullptr;
   uint64_t slots[2][32] = {};
 };
-constexpr size_t kStack = 128 * 1024;
+constexpr size_t kStack = 256 * 1024;     // the first page of each is a guard: an overflow faults
 constexpr unsigned kMaxThreads = 1024;
 
 ucontext_t sched;
@@ -127,7 +128,9 @@ uintptr_t shared_lo = 0, shared_hi = 0, block_lo = 0, block_hi = 0;   // block_*
 size_t shared_used = 0;                    // most distinct shared bytes one block touched
 std::vector<uint8_t> shared_init, shared_redzone;
 std::vector<Cell> shared_cells;
-std::string error;
+thread_local std::string error;             // the calling thread's last launch's violation
+// Python threads may launch at once (cffi releases the GIL): one launch or host copy at a time.
+std::mutex lock;
 
 std::string where(uintptr_t a) {
   char buf[160];
@@ -419,6 +422,7 @@ void __asan_handle_no_return(void) {}
 
 // Poisoned (0xFF bytes, a NaN in every float type) and marked uninitialised.
 void* emu_alloc(size_t n) {
+  std::lock_guard<std::mutex> guard(lock);
   const size_t body = (n + 4095) & ~(size_t)4095, total = body + 2 * kGuard;
   char* map = (char*)mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) return nullptr;
@@ -436,6 +440,7 @@ void* emu_alloc(size_t n) {
 }
 
 void emu_free(void* p) {
+  std::lock_guard<std::mutex> guard(lock);
   Region* r = find_region((uintptr_t)p);
   if (!r || (uintptr_t)p != r->lo) return;
   regions.erase(r->map_lo);
@@ -448,6 +453,7 @@ void emu_free(void* p) {
 
 // Marks [p, p+n) initialised when it is device memory (a host write or a memset).
 void emu_mark_written(void* p, size_t n) {
+  std::lock_guard<std::mutex> guard(lock);
   Region* r = find_region((uintptr_t)p);
   if (r && (uintptr_t)p >= r->lo && (uintptr_t)p + n <= r->hi) std::memset(r->init + ((uintptr_t)p - r->lo), 1, n);
 }
@@ -459,6 +465,7 @@ void emu_write(void* dst, const void* src, size_t n) {
 
 // A device-to-device copy carries the initialised bits along.
 void emu_copy(void* dst, const void* src, size_t n) {
+  std::lock_guard<std::mutex> guard(lock);
   std::memmove(dst, src, n);
   Region* s = find_region((uintptr_t)src);
   Region* d = find_region((uintptr_t)dst);
@@ -473,6 +480,7 @@ void emu_copy(void* dst, const void* src, size_t n) {
 
 int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
             unsigned by, unsigned bz, unsigned dynamic_shared) {
+  std::lock_guard<std::mutex> guard(lock);
   error.clear();
   aborting = false;
   current = -1;
@@ -493,6 +501,7 @@ int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, uns
   if (!stacks) {
     stacks = (char*)mmap(nullptr, kStack * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (stacks == MAP_FAILED) { stacks = nullptr; violation("emulator", "", "no memory for fiber stacks"); return 1; }
+    for (unsigned t = 0; t < kMaxThreads; ++t) mprotect(stacks + t * kStack, 4096, PROT_NONE);
   }
   ModuleFind module{(uintptr_t)fn, 0, 0};
   dl_iterate_phdr(find_module, &module);

@@ -163,6 +163,24 @@ def test_the_host_copy_initialises_and_a_later_launch_does_not_race(lib):
     np.testing.assert_array_equal(again.view(np.float32, 64), x)
 
 
+def test_launches_from_several_threads_do_not_mix(lib):
+    """cffi releases the GIL: the runtime serialises launches, and each thread reads its own violation."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> str:
+        if i % 2:
+            return caught(lib, "shift_racy", "write/read race")
+        out, src = DeviceBuffer(4 * 3), DeviceBuffer(4 * 192)
+        x = np.random.default_rng(i).standard_normal(192).astype(np.float32)
+        src.write(x)
+        launch(lib, "block_sum", out, src, grid=(3, 1, 1))
+        np.testing.assert_allclose(out.view(np.float32, 3), x.reshape(3, 64).sum(axis=1), rtol=1e-5)
+        return "ok"
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, range(16)))
+    assert results[::2] == ["ok"] * 8 and all("shift_racy" in r for r in results[1::2])
+
+
 # --- the seed jobs' train steps, one each, through the checked emulator ---------------------------------------
 
 @pytest.mark.parametrize("label, batch", [("mlp_train", 4), ("lenet_train", 2)])
