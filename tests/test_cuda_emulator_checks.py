@@ -72,6 +72,20 @@ def test_a_correctly_synchronised_shift_passes(lib):
     np.testing.assert_array_equal(out.view(np.float32, 64), np.concatenate([x[:1], x[:-1]]))
 
 
+def test_the_warp_intrinsics_compute_what_cuda_specifies(lib):
+    out, src, x = buffers(n_out=256)
+    x[::3] = np.abs(x[::3])          # a mix of signs for the ballot, whatever the seed
+    src.write(x)
+    launch(lib, "warp_intrinsics", out, src)
+    got = out.view(np.float32, 256).reshape(4, 64)
+    warps = x.reshape(2, 32)
+    np.testing.assert_allclose(got[0], np.repeat(warps.sum(axis=1), 32), rtol=1e-5)
+    ballots = np.repeat([sum(1 << lane for lane in range(32) if w[lane] > 0) for w in warps], 32)
+    np.testing.assert_array_equal(got[1], ballots & 0xFFFF)
+    np.testing.assert_array_equal(got[2], ballots >> 16)
+    np.testing.assert_array_equal(got[3], x[np.arange(64) ^ 1])
+
+
 # --- each broken kernel is caught ---------------------------------------------------------------------------
 
 def test_a_shared_memory_race_is_caught(lib):
@@ -132,6 +146,11 @@ def test_an_uninitialised_shared_read_is_caught(lib):
 def test_an_uninitialised_read_of_a_template_shared_array_is_caught(lib):
     message = caught(lib, "template_partial_unwritten", "uninitialised read")
     assert "thread (63,0,0)" in message and "shared memory" in message      # reads partial[31]
+
+
+def test_a_divergent_warp_collective_is_caught(lib):
+    message = caught(lib, "divergent_shuffle", "divergent warp collective")
+    assert "thread (16,0,0)" in message and "lanes 0x0000ffff wait at __shfl_xor_sync" in message
 
 
 def test_a_shuffle_after_lanes_exited_is_caught(lib):

@@ -117,3 +117,33 @@ extern "C" __global__ void shared_64k(float* out, const float* in) {
   __syncthreads();
   out[threadIdx.x] = big[16383 - threadIdx.x];
 }
+
+// Correct: the other warp intrinsics (out holds 256 floats).  out[t]: the warp's sum by
+// __shfl_down_sync (lane 0's, broadcast by __shfl_sync); out[64 + t], out[128 + t]: the low and
+// high halves of the ballot of "in > 0" over the warp; out[192 + t]: in[t ^ 1] through a shared
+// array ordered by __syncwarp.
+extern "C" __global__ void warp_intrinsics(float* out, const float* in) {
+  __shared__ float s[64];
+  const float x = in[threadIdx.x];
+  float v = x;
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_down_sync(0xffffffffu, v, d);
+  v = __shfl_sync(0xffffffffu, v, 0);
+  const unsigned ballot = __ballot_sync(0xffffffffu, x > 0.0f);
+  s[threadIdx.x] = x;
+  __syncwarp();
+  out[threadIdx.x] = v;
+  out[64 + threadIdx.x] = (float)(ballot & 0xffffu);
+  out[128 + threadIdx.x] = (float)(ballot >> 16);
+  out[192 + threadIdx.x] = s[threadIdx.x ^ 1];
+}
+
+// Divergent warp collective: the two half-warps shuffle at different calls.
+extern "C" __global__ void divergent_shuffle(float* out, const float* in) {
+  float v = in[threadIdx.x];
+  if ((threadIdx.x & 31) < 16) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+  } else {
+    v -= __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  out[threadIdx.x] = v;
+}
