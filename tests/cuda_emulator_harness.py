@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,6 +44,10 @@ const char* emu_error(void);
 # statics stay private to their module (-fno-gnu-unique).
 INSTRUMENT = ["-fsanitize=kernel-address", "--param", "asan-instrumentation-with-call-threshold=0",
               "--param", "asan-stack=0", "--param", "asan-globals=1", "-fno-gnu-unique"]
+
+
+# A kernel declared with __launch_bounds__(N) fails to launch with more than N threads per block.
+LAUNCH_BOUNDS = re.compile(r'__global__\s+void\s+__launch_bounds__\(\s*(\d+)[^)]*\)\s*(\w+)\s*\(')
 
 
 class EmulatorError(AssertionError):
@@ -137,6 +142,7 @@ class Emulator:
                                    "-o", str(so)], capture_output=True, text=True)
             assert proc.returncode == 0, proc.stderr[:4000]
         ffi = cffi.FFI()
+        ffi.flowc_launch_bounds = {name: int(n) for n, name in LAUNCH_BOUNDS.findall(source)}  # type: ignore[attr-defined]
         ffi.cdef("int emu_launch(const char*, void*, int, void**, unsigned, unsigned, unsigned, unsigned, unsigned,"
                  " unsigned, unsigned);" + RUNTIME_API
                  + "".join(f"void {name}(void);" for name in sorted(set(kernels))))
@@ -145,6 +151,11 @@ class Emulator:
     @staticmethod
     def launch(ffi, lib, kernel: str, pointers: list[int], grid, block, shared_bytes: int = 0) -> None:
         """Run one launch; raise EmulatorError with the runtime's message on a violation."""
+        bound = getattr(ffi, "flowc_launch_bounds", {}).get(kernel)
+        threads = block[0] * block[1] * block[2]
+        if bound is not None and threads > bound:
+            raise EmulatorError(f"kernel {kernel}: launch over limits: block ({block[0]},{block[1]},{block[2]}) = "
+                                f"{threads} threads, over the kernel's __launch_bounds__({bound})")
         argv = ffi.new("void*[]", [ffi.cast("void*", p) for p in pointers])
         name = ffi.new("char[]", kernel.encode())
         if lib.emu_launch(name, ffi.cast("void*", ffi.addressof(lib, kernel)), len(pointers), argv, *grid, *block,

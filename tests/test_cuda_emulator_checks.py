@@ -24,7 +24,8 @@ from tests.cuda_emulator_harness import DeviceBuffer, Emulator, EmulatorError, r
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ runs the CUDA emulator")
 
 SOURCE = Path(__file__).parent / "kernels" / "emulator_checks.cu"
-KERNELS = re.findall(r'^extern "C" __global__ void (\w+)\(', SOURCE.read_text(), re.MULTILINE)
+KERNELS = re.findall(r'^extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', SOURCE.read_text(),
+                     re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +167,14 @@ def test_a_shuffle_after_lanes_exited_is_caught(lib):
 def test_a_launch_over_the_sm90_limits_is_caught(lib, grid, block, shared, what):
     message = caught(lib, "copy", "launch over limits", grid=grid, block=block, shared=shared)
     assert what in message
+
+
+def test_a_launch_over_the_kernels_launch_bounds_is_caught(lib):
+    message = caught(lib, "bounded_copy", "launch over limits")
+    assert "64 threads, over the kernel's __launch_bounds__(32)" in message
+    out, src, x = buffers()
+    launch(lib, "bounded_copy", out, src, block=(32, 1, 1))
+    np.testing.assert_array_equal(out.view(np.float32, 32), x[:32])
 
 
 def test_static_shared_memory_over_48_kib_is_caught(lib):

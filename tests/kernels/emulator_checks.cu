@@ -147,3 +147,8 @@ extern "C" __global__ void divergent_shuffle(float* out, const float* in) {
   }
   out[threadIdx.x] = v;
 }
+
+// Declared for at most 32 threads per block (a test launches it with 64).
+extern "C" __global__ void __launch_bounds__(32) bounded_copy(float* out, const float* in) {
+  out[threadIdx.x] = in[threadIdx.x];
+}
