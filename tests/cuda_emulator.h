@@ -1,13 +1,13 @@
-// Runs the CUDA subset flowc generates on the CPU (a test aid): one block at a time, each CUDA
-// thread a ucontext fiber, __syncthreads and warp shuffles as cooperative barriers.
+// Runs the CUDA subset flowc generates on the CPU (a test aid), the kernel side: force-included
+// into each generated translation unit, which g++ builds with -fsanitize=kernel-address and an
+// instrumentation threshold of 0, so that every load and store the kernel makes calls
+// __asan_{load,store}N_noabort.  Those hooks, the fibers (one per CUDA thread), the barriers, the
+// warp collectives and the checkers live in tests/cuda_emulator_runtime.cpp (libflowc_emu.so),
+// built once without instrumentation; see its header comment for what is checked.
 #pragma once
-#include <ucontext.h>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
-#include <utility>
-#include <vector>
 
 // cuda_fp16.h's __half, as much of it as generated code uses: conversions to and from float
 // (round to nearest even), over the host's IEEE binary16.
@@ -20,118 +20,66 @@ struct __half {
 };
 struct uint3 { unsigned x, y, z; };
 struct dim3 { unsigned x, y, z; };
-namespace emu {
-inline uint3 thread_idx, block_idx;
-inline dim3 block_dim, grid_dim;
+
+extern "C" {
+uint3 emu_thread_idx(void);
+uint3 emu_block_idx(void);
+dim3 emu_block_dim(void);
+dim3 emu_grid_dim(void);
+void emu_syncthreads(const char* file, int line);
+// A warp collective: kind 0 shfl (src lane), 1 shfl_xor, 2 shfl_down, 3 shfl_up, 4 ballot, 5 syncwarp.
+void emu_warp(int kind, unsigned mask, const void* in, void* out, int size, int arg, int width,
+              const char* file, int line);
+void emu_atomic(const void* p, int size);
+int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz,
+            unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared);
 }
-#define threadIdx emu::thread_idx
-#define blockIdx emu::block_idx
-#define blockDim emu::block_dim
-#define gridDim emu::grid_dim
+
+// Built-in variables are calls, not globals: the runtime's state is not instrumented memory.
+#define threadIdx (emu_thread_idx())
+#define blockIdx (emu_block_idx())
+#define blockDim (emu_block_dim())
+#define gridDim (emu_grid_dim())
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// Static shared arrays are the module's only writable data (CUDA allows no other statics in
+// device code), so the runtime takes the module's writable segment for its shared memory:
+// poisoned at each block's start, race-checked per barrier.  g++'s -fsanitize=kernel-address
+// registers each (non-template) one with its size and pads it with a redzone, so an access past
+// an array's end is seen; -fno-gnu-unique keeps each module's template statics its own.
 #define __shared__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __trap() abort()
+#define __syncthreads() emu_syncthreads(__FILE__, __LINE__)
 
 namespace emu {
-struct Fiber { ucontext_t ctx; char* stack = nullptr; bool done = false; unsigned tid = 0; };
-inline ucontext_t sched;
-inline std::vector<Fiber> fibers;
-inline int current = -1, live = 0, block_arrived = 0;
-inline unsigned long block_gen = 0;
-inline std::vector<unsigned long> warp_gen;
-inline std::vector<int> warp_arrived, warp_live;
-inline std::vector<uint64_t> slots;
-inline void* fn = nullptr;
-inline int nargs = 0;
-inline void** args = nullptr;
-constexpr size_t kStack = 256 * 1024;
-
-inline void yield() { swapcontext(&fibers[current].ctx, &sched); }
-inline void syncthreads() {
-  unsigned long gen = block_gen;
-  if (++block_arrived == live) { block_arrived = 0; ++block_gen; return; }
-  while (block_gen == gen) yield();
-}
-inline void syncwarp() {
-  int w = fibers[current].tid / 32;
-  unsigned long gen = warp_gen[w];
-  if (++warp_arrived[w] == warp_live[w]) { warp_arrived[w] = 0; ++warp_gen[w]; return; }
-  while (warp_gen[w] == gen) yield();
-}
-// Kernel parameters are all pointers: call `fn` with nargs of them.
-template <size_t... I>
-inline void call_with(std::index_sequence<I...>) {
-  using F = void (*)(decltype((void)I, (void*)nullptr)...);
-  ((F)fn)(args[I]...);
-}
-template <size_t... N>
-inline void dispatch(int n, std::index_sequence<N...>) {
-  const bool called = ((n == (int)N ? (call_with(std::make_index_sequence<N>{}), true) : false) || ...);
-  if (!called) { fprintf(stderr, "emu: %d kernel arguments are too many\n", n); abort(); }
-}
-inline void call() { dispatch(nargs, std::make_index_sequence<65>{}); }
-inline void fiber_main() {
-  call();
-  fibers[current].done = true;
-}
-inline void release_if_ready() {
-  if (block_arrived > 0 && block_arrived == live) { block_arrived = 0; ++block_gen; }
-  for (size_t w = 0; w < warp_live.size(); ++w)
-    if (warp_arrived[w] > 0 && warp_arrived[w] == warp_live[w]) { warp_arrived[w] = 0; ++warp_gen[w]; }
+template <class T>
+inline T warp(int kind, unsigned mask, T v, int arg, int width, const char* file, int line) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+  T out;
+  emu_warp(kind, mask, &v, &out, (int)sizeof(T), arg, width, file, line);
+  return out;
 }
 }  // namespace emu
 
-template <class T>
-inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
-  using namespace emu;
-  unsigned tid = fibers[current].tid;
-  std::memcpy(&slots[tid], &v, sizeof(T));
-  syncwarp();
-  T out;
-  std::memcpy(&out, &slots[(tid & ~31u) | ((tid & 31u) ^ (unsigned)lane_mask)], sizeof(T));
-  syncwarp();
-  return out;
-}
-inline void __syncthreads() { emu::syncthreads(); }
-inline int atomicMax(int* p, int v) { int old = *p; if (v > old) *p = v; return old; }
-inline int atomicCAS(int* p, int compare, int v) { int old = *p; if (old == compare) *p = v; return old; }
+#define __shfl_sync(m, v, a, ...) emu::warp(0, m, v, a, (__VA_ARGS__ + 0) ? (__VA_ARGS__ + 0) : 32, __FILE__, __LINE__)
+#define __shfl_xor_sync(m, v, a, ...) emu::warp(1, m, v, a, (__VA_ARGS__ + 0) ? (__VA_ARGS__ + 0) : 32, __FILE__, __LINE__)
+#define __shfl_down_sync(m, v, a, ...) emu::warp(2, m, v, a, (__VA_ARGS__ + 0) ? (__VA_ARGS__ + 0) : 32, __FILE__, __LINE__)
+#define __shfl_up_sync(m, v, a, ...) emu::warp(3, m, v, a, (__VA_ARGS__ + 0) ? (__VA_ARGS__ + 0) : 32, __FILE__, __LINE__)
+#define __ballot_sync(m, p) emu::warp<unsigned>(4, m, (unsigned)((p) != 0), 0, 32, __FILE__, __LINE__)
+#define __syncwarp(...) ((void)emu::warp<int>(5, (__VA_ARGS__ + 0) ? (unsigned)(__VA_ARGS__ + 0) : 0xffffffffu, 0, 0, 32, __FILE__, __LINE__))
 
-extern "C" void emu_launch(void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz,
-                           unsigned bx, unsigned by, unsigned bz) {
-  using namespace emu;
-  emu::fn = fn; emu::nargs = nargs; emu::args = args;
-  grid_dim = {gx, gy, gz}; block_dim = {bx, by, bz};
-  const int threads = (int)(bx * by * bz), warps = (threads + 31) / 32;
-  if ((int)fibers.size() < threads) fibers.resize(threads);
-  for (auto& f : fibers) if (!f.stack) f.stack = (char*)malloc(kStack);
-  slots.assign(threads, 0);
-  for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) {
-    block_idx = {x, y, z};
-    live = threads; block_arrived = 0;
-    warp_gen.assign(warps, 0); warp_arrived.assign(warps, 0); warp_live.assign(warps, 32);
-    if (threads % 32) warp_live[warps - 1] = threads % 32;
-    for (int t = 0; t < threads; ++t) {
-      Fiber& f = fibers[t];
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack; f.ctx.uc_stack.ss_size = kStack; f.ctx.uc_link = &sched;
-      makecontext(&f.ctx, (void (*)())fiber_main, 0);
-      f.done = false; f.tid = t;
-    }
-    long rounds = 0;
-    while (live > 0) {
-      for (int t = 0; t < threads; ++t) {
-        if (fibers[t].done) continue;
-        current = t;
-        thread_idx = {t % bx, (t / bx) % by, t / (bx * by)};
-        swapcontext(&sched, &fibers[t].ctx);
-        if (fibers[t].done) { --live; --warp_live[t / 32]; release_if_ready(); }
-      }
-      if (++rounds > 100000000) { fprintf(stderr, "emu: deadlock\n"); abort(); }
-    }
-  }
+// Atomics: bounds- and initialisation-checked, not race-checked (they are the synchronising kind).
+inline int atomicMax(int* p, int v) { emu_atomic(p, 4); int old = *p; if (v > old) *p = v; return old; }
+inline int atomicCAS(int* p, int compare, int v) { emu_atomic(p, 4); int old = *p; if (old == compare) *p = v; return old; }
+inline int atomicAdd(int* p, int v) { emu_atomic(p, 4); int old = *p; *p = old + v; return old; }
+inline float atomicAdd(float* p, float v) { emu_atomic(p, 4); float old = *p; *p = old + v; return old; }
+
+// Returns 0, or 1 with the violation in emu_error().
+extern "C" int emu_launch(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy,
+                          unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared) {
+  return emu_run(name, fn, nargs, args, gx, gy, gz, bx, by, bz, dynamic_shared);
 }

@@ -6,10 +6,12 @@
 * the placement pass: a no-op for CPU jobs, explicit copies for mixed ones, which still equal
   the reference on the CPU fallback;
 * `runtime.devices` answers without importing PyCUDA;
-* the kernels' semantics: a small CPU emulation of the CUDA execution model (EMULATOR_H: one
-  ucontext fiber per CUDA thread, __syncthreads and warp shuffles as cooperative barriers) runs
-  the generated kernels against the NumPy reference, and, with a fake `pycuda.driver` over host
-  memory, drives `runtime.cuda_executor.CudaLoadedStep` through whole training steps.
+* the kernels' semantics: a CPU emulation of the CUDA execution model (tests/cuda_emulator_harness.py:
+  one ucontext fiber per CUDA thread, __syncthreads and warp shuffles as cooperative barriers,
+  checked for races, divergent barriers, out-of-bounds and uninitialised accesses and launch
+  limits) runs the generated kernels against the NumPy reference, and, with a fake
+  `pycuda.driver` over emulated device memory, drives `runtime.cuda_executor.CudaLoadedStep`
+  through whole training steps.
 
 The GPU itself is tested by tests/test_cuda_device.py.
 """
@@ -17,17 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
 import re
 import shutil
-import subprocess
 import sys
 import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cffi
 import numpy as np
 import pytest
 
@@ -40,6 +39,7 @@ from flowc.compiler.pipeline import compile_graph, lower
 from flowc.compiler.reference import run_reference
 from flowc.runtime.session import Session, default_session
 from tests.coverage_jobs import coverage_jobs
+from tests.cuda_emulator_harness import DeviceBuffer, Emulator, EmulatorError, device_copy, mark_written, replay  # noqa: F401
 from tests.test_mlp import load_example
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "codegen_templates" / "cuda"
@@ -323,74 +323,12 @@ def test_mixed_placement_gets_copies_and_still_equals_the_reference_on_the_cpu(m
 
 # --- the kernels in the CUDA emulator --------------------------------------------------------------------
 
-# The CUDA subset flowc generates, run on the CPU (a test aid; see the header's own comment).
-EMULATOR_H = (Path(__file__).parent / "cuda_emulator.h").read_text()
-
 EMULATED_CASES = ["add_outer_broadcast", "transpose_3d", "broadcast_to", "chain_long", "cast_f32_i32",
                   "reduce_sum_all", "reduce_sum_cols_keep", "reduce_sum_outer_inner", "reduce_max", "reduce_prod",
                   "matmul_nt", "matmul_tn", "matmul_tt", "matmul_batched", "matmul_f64", "matmul_large_epilogue",
                   "conv_valid_stride2", "conv_explicit_dilated", "conv_groups", "conv_bias_relu_epilogue",
                   "max_pool_valid_overlap", "avg_pool_same", "avg_pool_explicit", "concat_axis1",
                   "softmax_axis0", "xent_int64", "xent_f64", "argmax", "gelu"]
-
-
-class Emulator:
-    """Builds generated CUDA sources as host code over EMULATOR_H and replays launch lists on NumPy buffers."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        (folder / "cuda_emulator.h").write_text(EMULATOR_H)
-
-    def build(self, source: str, kernels: list[str], optimize: str = "-O0"):
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        src, so = self.folder / f"{digest}.cpp", self.folder / f"{digest}.so"
-        if not so.exists():
-            src.write_text(source)
-            proc = subprocess.run(["g++", "-std=c++17", optimize, "-w", "-shared", "-fPIC", "-include",
-                                   str(self.folder / "cuda_emulator.h"), f"-I{CUDA_DIR}", "-x", "c++", str(src),
-                                   "-o", str(so)], capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stderr[:4000]
-        ffi = cffi.FFI()
-        ffi.cdef("void emu_launch(void*, int, void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);"
-                 + "".join(f"void {name}(void);" for name in sorted(set(kernels))))
-        return ffi, ffi.dlopen(str(so))
-
-    @staticmethod
-    def launch(ffi, lib, kernel: str, pointers: list[int], grid, block) -> None:
-        argv = ffi.new("void*[]", [ffi.cast("void*", p) for p in pointers])
-        lib.emu_launch(ffi.cast("void*", ffi.addressof(lib, kernel)), len(pointers), argv, *grid, *block)
-
-
-def replay(emulator: Emulator, lib_pair, program, step, inputs, variables, scalars):
-    """Run `step` on host buffers, as CudaLoadedStep does on the device; return (outputs, status)."""
-    ffi, lib = lib_pair
-    graph = program.graph
-    buffers = {"arena": np.zeros(max(program.memory.arena_bytes, 64), np.uint8),
-               "scratch": np.zeros(max(step.scratch_bytes, 64), np.uint8), "status": np.zeros(1, np.int32)}
-    feeds = [np.ascontiguousarray(a, dtype=graph.node(p).type.dtype) for p, a in zip(graph.placeholders, inputs)]
-    fed_scalars = {name: np.array(scalars[name], dtype=dtype) for name, dtype in graph.scalars.items()}
-
-    def array(binding):
-        kind = binding[0]
-        if kind in buffers:
-            return buffers[kind], (binding[1] if len(binding) > 1 else 0)
-        table = {"input": feeds, "variable": variables, "scalar": fed_scalars}[kind]
-        return table[binding[1]], 0
-
-    def pointer(binding) -> int:
-        a, offset = array(binding)
-        return a.ctypes.data + offset
-    for launch in step.launches:
-        Emulator.launch(ffi, lib, launch.kernel, [pointer(b) for b in launch.args], launch.grid, launch.block)
-    for copy in step.copies:
-        ctypes.memmove(pointer(copy.dst), pointer(copy.src), copy.nbytes)
-    outputs = []
-    for o in graph.outputs:
-        t, buf = graph.node(o).type, program.memory.storage[o]
-        a, offset = array(("arena", buf.key) if buf.kind == "arena" else (buf.kind, buf.key))
-        outputs.append(np.frombuffer(a.reshape(-1).view(np.uint8), dtype=t.dtype, count=t.size,
-                                     offset=offset).reshape(t.shape).copy())
-    return outputs, int(buffers["status"][0])
 
 
 @pytest.fixture(scope="module")
@@ -490,12 +428,10 @@ class FakeDriver:
         self.launches = 0
         driver = self
 
-        class Allocation:
-            def __init__(self, nbytes: int) -> None:
-                self.buffer = np.zeros(nbytes, np.uint8)
-
-            def __int__(self) -> int:
-                return self.buffer.ctypes.data
+        class Allocation(DeviceBuffer):
+            @property
+            def buffer(self) -> np.ndarray:
+                return self.view()
 
         class Device:
             def __init__(self, index: int) -> None:
@@ -551,7 +487,7 @@ class FakeDriver:
             def prepared_async_call(self, grid, block, stream, *args, shared_size=0) -> None:
                 assert self.format == "P" * len(args) and all(isinstance(a, int) for a in args)
                 driver.launches += 1
-                Emulator.launch(*self.lib_pair, self.name, list(args), grid, block)
+                Emulator.launch(*self.lib_pair, self.name, list(args), grid, block, shared_size)
 
         class Module:
             def __init__(self, cubin: str) -> None:
@@ -582,6 +518,7 @@ class FakeDriver:
 
     def memcpy_htod(self, dst, src, stream=None) -> None:
         ctypes.memmove(int(dst), src.ctypes.data, src.nbytes)
+        mark_written(int(dst), src.nbytes)
 
     def memcpy_dtoh(self, dst, src, stream=None) -> None:
         ctypes.memmove(dst.ctypes.data, int(src), dst.nbytes)
@@ -589,10 +526,11 @@ class FakeDriver:
     memcpy_htod_async, memcpy_dtoh_async = memcpy_htod, memcpy_dtoh
 
     def memcpy_dtod_async(self, dst, src, nbytes, stream=None) -> None:
-        ctypes.memmove(int(dst), int(src), nbytes)
+        device_copy(int(dst), int(src), nbytes)
 
     def memset_d32_async(self, dst, value, count, stream=None) -> None:
         np.frombuffer((ctypes.c_int32 * count).from_address(int(dst)), np.int32)[:] = value
+        mark_written(int(dst), 4 * count)
 
 
 @pytest.fixture
