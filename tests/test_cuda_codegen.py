@@ -302,6 +302,7 @@ def test_mixed_placement_gets_copies_and_still_equals_the_reference_on_the_cpu(m
         session = default_session()
         before = {name: session.value(name).copy() for name in graph.variables}
         loss = mixed_train(x, y)
+    flow.sync_default_session()     # on a GPU the updates are on the device until the session syncs
     program = mixed_train.compiled.program
     copies = [n for n in program.graph.nodes if n.op == "device_copy"]
     directions = {(n.attr("src"), n.attr("dst")) for n in copies}

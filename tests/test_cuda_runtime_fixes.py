@@ -1,0 +1,215 @@
+"""The CUDA runtime's bookkeeping on a fake driver (tests/fake_cuda_driver.py), where no GPU is:
+the driver-older-than-toolkit check, variable coherence between GPU and CPU jobs of one session,
+device memory freed explicitly on the right thread, and the rule that a GPU present but unusable
+fails the GPU tests instead of skipping them (tests/gpu_requirement.py)."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import flow
+import flow.typing as tp
+import flowc.runtime.job
+from flowc.runtime.devices import DEVICE_VARIABLES_ATTR
+from flowc.runtime.session import default_session
+from tests import gpu_requirement
+from tests.fake_cuda_driver import FakeDriver, install, uninstall, write_fake_nvcc
+
+X = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+TRAINED = np.array([[0.5, -1.0], [2.0, 0.25], [-3.0, 1.5]], np.float32)   # what "the GPU" trained
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A usable fake GPU (driver of CUDA 13.0, sm_90) and a fake nvcc; the session is cleared on it
+    at the end, so that its device memory is released while the fake is installed."""
+    driver = FakeDriver()
+    install(driver, monkeypatch, write_fake_nvcc(tmp_path))
+    monkeypatch.delenv("FLOWC_STRICT_DEVICE", raising=False)
+    flow.clear_default_session()
+    yield driver
+    flow.clear_default_session()
+    uninstall()
+
+
+def _w() -> flow.typing.Numpy:
+    return flow.get_variable("coherent_w", shape=(3, 2), initializer=flow.constant_initializer(1.0))
+
+
+@flow.global_function(type="train")
+def gpu_fit(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+    with flow.scope.placement("gpu", "0:0"):
+        loss = flow.math.reduce_mean(flow.matmul(x, _w()))
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+
+
+@flow.global_function(type="train")
+def cpu_fit(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+    loss = flow.math.reduce_mean(flow.matmul(x, _w()))
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+
+
+@flow.global_function(type="predict")
+def cpu_predict(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+    return flow.matmul(x, _w())
+
+
+@flow.global_function(type="predict")
+def gpu_predict(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+    with flow.scope.placement("gpu", "0:0"):
+        return flow.matmul(x, _w())
+
+
+def device_copy(name: str) -> np.ndarray:
+    """The fake device's copy of variable `name` (a view: writing it is what a kernel would do)."""
+    store = getattr(default_session(), DEVICE_VARIABLES_ATTR)
+    return store.buffers[name].buffer.view(np.float32)[:6].reshape(3, 2)
+
+
+# --- the driver older than the toolkit ------------------------------------------------------------
+
+def test_a_driver_older_than_the_toolkit_is_refused_up_front_naming_both_versions(monkeypatch, tmp_path):
+    from flowc.runtime import devices
+    install(FakeDriver(driver_version=12040), monkeypatch, write_fake_nvcc(tmp_path, "13.0"))
+    monkeypatch.setattr(flowc.runtime.job, "_warned_gpu", False)
+    monkeypatch.delenv("FLOWC_STRICT_DEVICE", raising=False)
+    try:
+        usable, why = devices.gpu_status()
+        assert not usable and "12.4" in why and "13.0" in why, why
+        with pytest.warns(RuntimeWarning, match=r"12\.4.*13\.0"):
+            np.testing.assert_allclose(gpu_predict(X), X @ np.ones((3, 2), np.float32), rtol=1e-6)
+        assert gpu_predict.compiled.device == "cpu"
+        flow.clear_default_session()
+        monkeypatch.setenv("FLOWC_STRICT_DEVICE", "1")
+        with pytest.raises(devices.DeviceUnavailable, match=r"CUDA 12\.4.*CUDA 13\.0.*FLOWC_STRICT_DEVICE"):
+            gpu_predict(X)
+    finally:
+        flow.clear_default_session()
+        uninstall()
+
+
+def test_a_driver_of_the_toolkits_major_version_is_usable(fake_gpu):
+    from flowc.runtime.devices import driver_older_than_toolkit, gpu_status
+    assert gpu_status() == (True, "Fake H200 (sm_90)")
+    assert driver_older_than_toolkit(13020, "13.0") is None
+    assert driver_older_than_toolkit(12090, "13.0") is not None
+    assert driver_older_than_toolkit(12020, "12.6") is None     # CUDA's minor-version compatibility
+
+
+# --- variable coherence across devices --------------------------------------------------------------
+
+def test_a_cpu_predict_job_after_a_gpu_train_job_sees_the_trained_weights(fake_gpu):
+    gpu_fit(X)
+    assert gpu_fit.compiled.device == "gpu" and cpu_predict.compiled.device == "cpu"
+    device_copy("coherent_w")[...] = TRAINED          # the update the (fake) kernels stand for
+    np.testing.assert_allclose(cpu_predict(X), X @ TRAINED, rtol=1e-6)
+    store = getattr(default_session(), DEVICE_VARIABLES_ATTR)
+    assert store.owner("coherent_w") is None
+    gpu_fit(X)
+    assert store.owner("coherent_w") == "gpu"          # moved to the host: both copies agree
+
+
+def test_a_gpu_job_after_a_cpu_train_job_reads_the_host_update(fake_gpu):
+    gpu_predict(X)                                    # the device copy exists, equal to the host's
+    cpu_fit(X)                                        # the host's SGD step changes it
+    store = getattr(default_session(), DEVICE_VARIABLES_ATTR)
+    assert store.owner("coherent_w") == "cpu"
+    host = default_session().value("coherent_w").copy()
+    assert not np.array_equal(host, np.ones((3, 2), np.float32))
+    gpu_predict(X)
+    np.testing.assert_array_equal(device_copy("coherent_w"), host)
+    assert store.owner("coherent_w") is None
+
+
+def test_get_all_variables_checkpoints_and_load_variables_see_the_latest_value(fake_gpu, tmp_path):
+    gpu_fit(X)
+    device_copy("coherent_w")[...] = TRAINED
+    np.testing.assert_array_equal(flow.get_all_variables()["coherent_w"].numpy(), TRAINED)
+    flow.checkpoint.save(str(tmp_path / "ckpt"))
+    flow.load_variables({"coherent_w": np.zeros((3, 2), np.float32)})
+    np.testing.assert_array_equal(device_copy("coherent_w"), 0.0)        # uploaded for the GPU jobs
+    np.testing.assert_array_equal(cpu_predict(X), 0.0)
+    flow.load_variables(flow.checkpoint.get(str(tmp_path / "ckpt")))
+    np.testing.assert_array_equal(device_copy("coherent_w"), TRAINED)
+    np.testing.assert_allclose(cpu_predict(X), X @ TRAINED, rtol=1e-6)
+
+
+# --- frees on the right thread ----------------------------------------------------------------------
+
+def test_device_memory_of_a_job_first_called_on_a_worker_thread_is_freed_at_clear(fake_gpu):
+    done: list[np.ndarray] = []
+    worker = threading.Thread(target=lambda: done.append(gpu_fit(X)), name="worker")
+    worker.start()
+    worker.join()
+    assert done and fake_gpu.live().get("device memory", 0) >= 5 and fake_gpu.live().get("stream") == 2
+    flow.clear_default_session()             # on the main thread, where no context was ever pushed
+    gc.collect()
+    assert fake_gpu.leaks == []
+    assert fake_gpu.live() == {}, fake_gpu.live()
+    kinds = {kind for kind, _ in fake_gpu.frees}
+    assert {"device memory", "pinned memory", "stream", "event", "module"} <= kinds
+    assert {thread for _, thread in fake_gpu.frees} == {"MainThread"}
+
+
+@pytest.mark.parametrize("cycles", [5, pytest.param(100, marks=pytest.mark.slow)])
+def test_clear_and_reload_cycles_keep_device_memory_flat(fake_gpu, cycles):
+    counts = []
+    for _ in range(cycles):
+        gpu_fit(X)
+        cpu_predict(X)
+        flow.clear_default_session()
+        gc.collect()
+        counts.append(sum(fake_gpu.live().values()))
+    assert set(counts) == {0} and fake_gpu.leaks == []
+
+
+def test_a_released_step_keeps_the_variables_latest_values_on_the_host(fake_gpu):
+    gpu_fit(X)
+    device_copy("coherent_w")[...] = TRAINED
+    session = default_session()
+    flow.clear_default_session()
+    np.testing.assert_array_equal(session.value("coherent_w"), TRAINED)
+
+
+# --- a GPU that is present must be usable -----------------------------------------------------------
+
+@pytest.mark.parametrize("env, smi, required", [
+    ({}, "", False),
+    ({}, "GPU 0: NVIDIA H200 (UUID: GPU-1)\n", True),
+    ({"FLOWC_REQUIRE_GPU": "1"}, "", True),
+    ({"FLOWC_REQUIRE_GPU": "0"}, "GPU 0: NVIDIA H200 (UUID: GPU-1)\n", False),
+])
+def test_a_gpu_is_required_where_nvidia_smi_lists_one_or_flowc_require_gpu_says_so(env, smi, required):
+    assert gpu_requirement.gpu_required(env, lambda: smi) is required
+
+
+def test_a_skip_for_want_of_a_gpu_becomes_a_failure_with_the_reason_where_one_is_required():
+    reason = "no usable GPU: PyCUDA is not installed (pip install 'flowc[gpu]')"
+    message = gpu_requirement.failure_instead_of_skip(reason, required=True)
+    assert message is not None and "PyCUDA is not installed" in message and "nvidia-smi" in message
+    assert gpu_requirement.failure_instead_of_skip(reason, required=False) is None
+    assert gpu_requirement.failure_instead_of_skip("nvcc is not installed", required=True) is None
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_fail_instead_of_skipping_under_flowc_require_gpu(tmp_path):
+    """End to end: pytest on tests/test_cuda_device.py, on this machine without a usable GPU."""
+    import os
+    import subprocess
+    import sys
+    from flowc.runtime.devices import gpu_status
+    if gpu_status()[0]:
+        pytest.skip("a GPU is usable here: its tests run instead")
+    env = dict(os.environ, FLOWC_REQUIRE_GPU="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_cuda_device.py", "-k", "test_gpu_jobs_run_on_the_gpu"],
+                          capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode != 0, proc.stdout
+    assert ("1 failed" in proc.stdout or "1 error" in proc.stdout) and "skipped" not in proc.stdout, proc.stdout
+    assert gpu_status()[1] in proc.stdout
+
