@@ -176,7 +176,7 @@ def test_the_cache_key_covers_the_arch_and_the_nvcc_version(tmp_path):
     from flowc.compiler.cuda_toolchain import key_parts, normalize_arch, nvcc_version
     src = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
     sm80, sm90 = key_parts(src, "sm_80"), key_parts(src, "sm_90")
-    assert sm80.key() != sm90.key() and "-arch=sm_90" in sm90.command
+    assert sm80.key() != sm90.key() and "-gencode=arch=compute_90,code=sm_90" in sm90.command
     assert sm80.compiler_version == nvcc_version() and "release" in sm80.compiler_version
     assert key_parts(src, "90").key() == sm90.key()
     assert normalize_arch("compute_80") == "sm_80"

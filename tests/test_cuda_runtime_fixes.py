@@ -213,3 +213,79 @@ def test_the_gpu_tests_fail_instead_of_skipping_under_flowc_require_gpu(tmp_path
     assert ("1 failed" in proc.stdout or "1 error" in proc.stdout) and "skipped" not in proc.stdout, proc.stdout
     assert gpu_status()[1] in proc.stdout
 
+
+
+# --- ahead of time for another machine: the cache key, PTX next to the SASS, line info --------------
+
+KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }\n'
+
+
+def _another_checkouts_headers(monkeypatch, folder):
+    """The CUDA headers as another checkout (at another path) has them: same contents."""
+    import shutil
+
+    from flowc.compiler import cuda_toolchain
+    copy = folder / "elsewhere" / "codegen_templates" / "cuda"
+    shutil.copytree(cuda_toolchain.cuda_include_dir(), copy)
+    monkeypatch.setattr(cuda_toolchain, "cuda_include_dir", lambda: copy)
+
+
+def test_the_cuda_cache_key_holds_no_path_of_nvcc_or_of_the_checkout(monkeypatch, tmp_path):
+    import shlex
+
+    from flowc.compiler.cuda_toolchain import key_parts
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("NVCC", str(write_fake_nvcc(tmp_path / "a")))
+    here = key_parts(KERNEL, "sm_90")
+    monkeypatch.setenv("NVCC", str(write_fake_nvcc(tmp_path / "b")))
+    _another_checkouts_headers(monkeypatch, tmp_path)
+    there = key_parts(KERNEL, "sm_90")
+    assert here.key() == there.key(), (here.command, there.command)
+    words = shlex.split(here.command)
+    assert not [w for w in words if "/" in w], here.command
+    assert "-lineinfo" in words and "-gencode=arch=compute_90,code=compute_90" in words
+
+
+def fatbin_entries(image: bytes) -> list[tuple[str, int]]:
+    """(kind, sm) of each entry of a CUDA fat binary: ("ptx", 90), ("elf", 90).  The layout (magic
+    0xBA55ED50, then entries of kind, version, header size, payload size, ..., sm at byte 28) is
+    what cuobjdump reads; it is parsed here because the test machine may lack cuobjdump."""
+    import struct
+    magic, _, header, size = struct.unpack_from("<IHHQ", image, 0)
+    assert magic == 0xBA55ED50, hex(magic)
+    entries, offset = [], header
+    while offset < header + size:
+        kind, _, entry_header, payload = struct.unpack_from("<HHII", image, offset)
+        entries.append(({1: "ptx", 2: "elf"}.get(kind, str(kind)), struct.unpack_from("<I", image, offset + 28)[0]))
+        offset += entry_header + payload
+    return entries
+
+
+@pytest.mark.slow
+def test_a_cache_built_elsewhere_serves_this_machine_with_ptx_and_line_info(monkeypatch, tmp_path):
+    """`build_cubin` on a "build machine" (its nvcc at one path, its checkout at another), the cache
+    folder copied, then the same build on "this machine": no compilation, and the image holds the
+    sm_90 SASS with its line table and the compute_90 PTX."""
+    import os
+    import shutil
+
+    from flowc.compiler.cache import KernelCache
+    from flowc.compiler.cuda_toolchain import build_cubin
+    real = shutil.which("nvcc")
+    if real is None:
+        pytest.skip("nvcc is not installed")
+    for machine in ("build", "run"):
+        (tmp_path / machine).mkdir()
+        os.symlink(real, tmp_path / machine / "nvcc")
+    monkeypatch.setenv("NVCC", str(tmp_path / "build" / "nvcc"))
+    built = build_cubin(KERNEL, "k", "sm_90", cache=KernelCache(tmp_path / "build-cache"))
+    assert built.compiled
+    shutil.copytree(tmp_path / "build-cache", tmp_path / "copied-cache")
+    monkeypatch.setenv("NVCC", str(tmp_path / "run" / "nvcc"))
+    _another_checkouts_headers(monkeypatch, tmp_path)
+    served = build_cubin(KERNEL, "k", "sm_90", cache=KernelCache(tmp_path / "copied-cache"))
+    assert not served.compiled
+    image = served.path.read_bytes()
+    assert sorted(fatbin_entries(image)) == [("elf", 90), ("ptx", 90)]
+    assert b".nv_debug_line_sass" in image           # -lineinfo
