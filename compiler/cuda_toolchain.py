@@ -51,7 +51,7 @@ BASE_FLAGS = ("-fatbin", "-O3", "-lineinfo", "-std=c++17", "--expt-relaxed-const
 # What the cache key writes instead of this machine's paths of nvcc and of the CUDA headers: the
 # headers' contents are in the key anyway (KeyParts.headers), and nvcc's version.
 NVCC_IN_KEY = "nvcc"
-INCLUDE_IN_KEY = "$FLOWC_CUDA_HEADERS"
+INCLUDE_IN_KEY = "<codegen_templates/cuda>"
 _ARCH = re.compile(r"^(?:sm_?|compute_)?(\d{2,3}[a-z]?)$")
 
 

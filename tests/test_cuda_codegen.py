@@ -142,7 +142,8 @@ def test_the_filter_gradient_splits_its_long_sum_into_scratch(steps):
 @pytest.mark.slow
 @needs_nvcc
 def test_every_step_compiles_with_nvcc_for_sm80_and_sm90(programs, steps, tmp_path):
-    from flowc.compiler.cuda_toolchain import build_cubin
+    from flowc.compiler.cuda_toolchain import arch_number, build_cubin
+    from tests.test_cuda_runtime_fixes import fatbin_entries
     cache = KernelCache(tmp_path / "cache")
     # The seeds' four steps one translation unit each, as a job builds them; the rest in one more
     # (kernel names prefixed apart), since every nvcc run costs a second or two of start-up.
@@ -161,8 +162,8 @@ def test_every_step_compiles_with_nvcc_for_sm80_and_sm90(programs, steps, tmp_pa
         results = list(pool.map(build, jobs))
     for (label, step, arch), res in zip(jobs, results):
         assert res.compiled and res.path.name == "kernel.cubin" and res.source_path.name == "kernel.cu"
-        cubin = res.path.read_bytes()
-        assert cubin[:4] == b"\x7fELF", label
+        cubin = res.path.read_bytes()        # a fat binary: the arch's SASS and its PTX
+        assert sorted(fatbin_entries(cubin)) == [("elf", arch_number(arch)), ("ptx", arch_number(arch))], label
         for launch in step.launches:
             assert launch.kernel.encode() in cubin, (label, arch, launch.kernel)
     again = build_cubin(steps["mlp_train"].source, "mlp_train", "sm_90", cache=cache)
