@@ -139,6 +139,37 @@ def test_get_all_variables_checkpoints_and_load_variables_see_the_latest_value(f
     np.testing.assert_allclose(cpu_predict(X), X @ TRAINED, rtol=1e-6)
 
 
+
+@pytest.mark.slow
+def test_gpu_training_on_the_emulated_device_reaches_a_cpu_predict_job(monkeypatch, tmp_path):
+    """The kernels really run (nvcc's build, executed by tests/test_cuda_codegen.py's emulator): three
+    GPU train steps, then a CPU predict job of the same session computes with the trained weights,
+    which equal three CPU train steps' of a fresh session."""
+    import shutil
+
+    from tests.test_cuda_codegen import Emulator
+    from tests.test_cuda_codegen import FakeDriver as EmulatedDriver
+    nvcc, gxx = shutil.which("nvcc"), shutil.which("g++")
+    if nvcc is None or gxx is None:
+        pytest.skip("nvcc builds the kernels and g++ the emulator that runs them")
+    for _ in range(3):
+        cpu_fit(X)
+    want = default_session().value("coherent_w").copy()
+    assert not np.array_equal(want, np.ones((3, 2), np.float32))
+    driver = EmulatedDriver(Emulator(tmp_path))
+    driver.mem_alloc.free = lambda self: None          # its allocations are NumPy arrays
+    install(driver, monkeypatch, nvcc)
+    try:
+        flow.clear_default_session()
+        for _ in range(3):
+            gpu_fit(X)
+        assert gpu_fit.compiled.device == "gpu" and driver.launches > 0
+        np.testing.assert_allclose(cpu_predict(X), X @ want, rtol=1e-5, atol=1e-6)
+    finally:
+        flow.clear_default_session()
+        uninstall()
+
+
 # --- frees on the right thread ----------------------------------------------------------------------
 
 def test_device_memory_of_a_job_first_called_on_a_worker_thread_is_freed_at_clear(fake_gpu):
