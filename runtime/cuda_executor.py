@@ -32,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pycuda.driver as cuda
 
+from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.codegen.cuda import GeneratedCudaStep
 from flowc.compiler.errors import StepError
 from flowc.compiler.ir import numpy_dtype
@@ -75,19 +76,20 @@ def _alloc(nbytes: int):
 class DeviceVariables:
     """The device copies of a session's variables, uploaded at first use."""
 
-    def __init__(self, session, device: _Device) -> None:
+    def __init__(self, session, device: _Device, name: str) -> None:
         self.session = session
         self.device = device
+        self.name = name                      # the backend's device name, for `owner`
         self.buffers: dict[str, Any] = {}        # name -> pycuda DeviceAllocation
         self.host_stale: set[str] = set()     # owned by the GPU: changed there since the host copy
         self.device_stale: set[str] = set()   # owned by the host: changed there since the upload
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, session, device: _Device) -> DeviceVariables:
+    def of(cls, session, device: _Device, name: str) -> DeviceVariables:
         store = getattr(session, DEVICE_VARIABLES_ATTR, None)
         if store is None:
-            store = cls(session, device)
+            store = cls(session, device, name)
             setattr(session, DEVICE_VARIABLES_ATTR, store)
         return store
 
@@ -104,13 +106,13 @@ class DeviceVariables:
             return int(self.buffers[name])
 
     def owner(self, name: str) -> str | None:
-        """"gpu" or "cpu", the side holding `name`'s latest value alone; None when both agree."""
-        return "gpu" if name in self.host_stale else "cpu" if name in self.device_stale else None
+        """The device holding `name`'s latest value alone (this one, or the host); None when both agree."""
+        return self.name if name in self.host_stale else HOST_DEVICE if name in self.device_stale else None
 
     def acquire(self, device: str, reads, writes) -> None:
         """Before a step on `device`: move what it reads there, mark what it writes as owned there
         (runtime.devices.acquire_variables).  A GPU step marks its writes after it ran (`written`)."""
-        if device == "cpu":
+        if device == HOST_DEVICE:
             stale = [n for n in reads if n in self.host_stale]
             if stale:
                 self.to_host(stale)
@@ -184,6 +186,7 @@ class CudaSlot:
         for host in [*self.inputs, *self.scalars.values(), *self.outputs]:
             _free_pinned(host)
         self.device_inputs, self.device_scalars, self.fetch, self.args = [], {}, [], []
+        self.inputs, self.scalars, self.outputs = [], {}, []      # their memory is gone: no view may stay
         self.fed = None       # PyCUDA destroys an event when its last reference goes: here, context current
 
 
@@ -221,7 +224,7 @@ class CudaLoadedStep(LoadedStep):
         self.label_checks = generated.label_checks
         self.assigned = list(self.graph.assigns)
         self.read = list(self.graph.variables)
-        self.variables = DeviceVariables.of(session, self.device)
+        self.variables = DeviceVariables.of(session, self.device, compiled.device)
         with self.device.current():
             self.module = cuda.module_from_file(str(compiled.library))
             self.functions = []
@@ -311,7 +314,7 @@ class CudaLoadedStep(LoadedStep):
             if check.fails(slot.inputs[check.input]):
                 self.raise_step_error(check.code)
         profiling = bool(self._profiled)
-        self.variables.acquire("gpu", self.read, self.assigned)    # a CPU job may own some of them
+        self.variables.acquire(self.compiled.device, self.read, self.assigned)    # a CPU job may own some of them
         with self.device.current():
             try:
                 self.stream.wait_for_event(slot.fed)
