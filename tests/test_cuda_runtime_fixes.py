@@ -368,7 +368,6 @@ def test_the_filter_gradient_indexes_images_and_pixels_in_64_bits_past_2_to_the_
     assert "const int r_begin" not in kernel and "int r)" not in kernel
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, fn, inputs", GRID_CASES, ids=[c[0] for c in GRID_CASES])
 def test_gemm_kernels_striding_past_the_grid_limit_equal_the_reference_in_the_emulator(
         name, fn, inputs, monkeypatch, tmp_path):
