@@ -1,11 +1,14 @@
 """CUDA toolchain: generated CUDA source -> cached cubin, with nvcc.
 
-`build_cubin(source, name, arch)` runs ``nvcc -cubin -arch=sm_XX`` through the same
+`build_cubin(source, name, arch)` runs ``nvcc -fatbin`` for the arch through the same
 content-addressed cache as the CPU libraries (:mod:`compiler.cache`); the entry keeps
-``kernel.cu`` next to ``kernel.cubin``.  The key covers the source, the whole nvcc
-command line (so the arch), nvcc's version, flowc's version and the CUDA headers under
-``codegen_templates/cuda``: a cubin built for sm_80 is never served to an sm_90 run,
-and an nvcc upgrade rebuilds.
+``kernel.cu`` next to ``kernel.cubin``, a fat binary holding the SASS for ``sm_XX`` and the
+PTX of ``compute_XX`` (a newer GPU's driver JIT-compiles the PTX), built with ``-lineinfo``
+so that compute-sanitizer and Nsight name the source lines.  The key covers the source, the
+nvcc command line (so the arch), nvcc's version, flowc's version and the contents of the CUDA
+headers under ``codegen_templates/cuda``: a cubin built for sm_80 is never served to an sm_90
+run, and an nvcc upgrade rebuilds.  The key holds no absolute path (of nvcc, of the headers,
+of the checkout), so a cache filled on one machine serves another.
 
 Only nvcc is needed, no GPU: ``build_cubin(src, "job", "sm_90")`` works on a build
 machine, and a later run on an sm_90 GPU finds the cubin in the cache.  With
@@ -42,7 +45,13 @@ INSTALL_NVCC_HINT = ("install the CUDA toolkit (https://developer.nvidia.com/cud
                      "PATH, or point $NVCC at nvcc")
 # --expt-relaxed-constexpr: the op table's C++ expressions use std::numeric_limits<T>::lowest() and
 # friends, constexpr host functions that device code may call only with this flag.
-BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
+# -fatbin: the SASS and the PTX in one image that cuModuleLoad takes (see gencode_flags);
+# -lineinfo: source lines for compute-sanitizer and profilers, with no effect on the code.
+BASE_FLAGS = ("-fatbin", "-O3", "-lineinfo", "-std=c++17", "--expt-relaxed-constexpr")
+# What the cache key writes instead of this machine's paths of nvcc and of the CUDA headers: the
+# headers' contents are in the key anyway (KeyParts.headers), and nvcc's version.
+NVCC_IN_KEY = "nvcc"
+INCLUDE_IN_KEY = "<codegen_templates/cuda>"
 _ARCH = re.compile(r"^(?:sm_?|compute_)?(\d{2,3}[a-z]?)$")
 
 
@@ -132,22 +141,40 @@ def cuda_include_dir() -> Path:
     return template_folder("cuda")
 
 
-def nvcc_command(src: Path, out: Path, arch: str) -> list[str]:
-    """Full nvcc argv building ``src`` into the cubin ``out`` for ``arch``.
+def gencode_flags(arch: str) -> list[str]:
+    """The SASS for ``arch`` and the PTX of its virtual arch, which a GPU newer than ``arch`` JIT-compiles.
 
     Example::
 
-        >>> nvcc_command(Path("k.cu"), Path("k.cubin"), "sm_90")[1:3]   # doctest: +SKIP
-        ['-cubin', '-O3']
+        >>> gencode_flags("sm_90")
+        ['-gencode=arch=compute_90,code=sm_90', '-gencode=arch=compute_90,code=compute_90']
     """
-    return [find_nvcc(), *BASE_FLAGS, f"-arch={normalize_arch(arch)}", f"-I{cuda_include_dir()}",
+    number = normalize_arch(arch)[len("sm_"):]
+    return [f"-gencode=arch=compute_{number},code=sm_{number}",
+            f"-gencode=arch=compute_{number},code=compute_{number}"]
+
+
+def nvcc_command(src: Path, out: Path, arch: str, nvcc: str | None = None, include: str | None = None) -> list[str]:
+    """Full nvcc argv building ``src`` into the fat binary ``out`` for ``arch`` (``nvcc`` and
+    ``include`` replace the found nvcc and the headers' folder: the cache key's stand-ins).
+
+    Example::
+
+        >>> nvcc_command(Path("k.cu"), Path("k.cubin"), "sm_90", nvcc="nvcc")[:4]
+        ['nvcc', '-fatbin', '-O3', '-lineinfo']
+    """
+    return [nvcc or find_nvcc(), *BASE_FLAGS, *gencode_flags(arch), f"-I{include or cuda_include_dir()}",
             str(src), "-o", str(out)]
 
 
 def key_parts(source: str, arch: str) -> KeyParts:
-    """Cache key parts of ``source`` built for ``arch`` by this nvcc (the arch is in the command and target)."""
+    """Cache key parts of ``source`` built for ``arch`` by this nvcc (the arch is in the command and target).
+
+    The command holds neither nvcc's path nor the checkout's: a cache built on another machine (or
+    from another checkout) with the same nvcc release and headers serves this one."""
     arch = normalize_arch(arch)
-    command = shlex.join(nvcc_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), arch))
+    command = shlex.join(nvcc_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), arch,
+                                      nvcc=NVCC_IN_KEY, include=INCLUDE_IN_KEY))
     return _cache.make_key_parts(source=source, command=command, compiler_version=nvcc_version(),
                                  cpu_target=f"cuda {arch}", include_dir=cuda_include_dir())
 

@@ -93,6 +93,11 @@ SETTINGS: tuple[Setting, ...] = (
             "tests only: the `FLOWC_CACHE_DIR` the test suite uses when that is unset, to keep one warm "
             "cache across runs.",
             "tests/conftest.py", "tests"),
+    Setting("FLOWC_REQUIRE_GPU", "text", "`1` where `nvidia-smi -L` lists a GPU",
+            "tests only: `1` makes a GPU test that would skip for want of a usable GPU (no PyCUDA, a driver "
+            "older than the toolkit, no nvcc) fail with the reason; `0` lets it skip even where nvidia-smi "
+            "sees a GPU.",
+            "tests/gpu_requirement.py", "tests"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

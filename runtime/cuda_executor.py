@@ -12,9 +12,16 @@ for that upload, replays the launch list, downloads the outputs and the status, 
 compute actor waits for it.
 
 Variables live on the device, one buffer per variable per session, shared by every GPU job
-of the session (a train job's update is what the predict job reads).  The session's NumPy
-arrays are stale while GPU steps run: `runtime.devices.sync_to_host(session)` copies them back
-(checkpoints, `session.value()`), `sync_to_device(session)` uploads host changes.
+of the session (a train job's update is what the predict job reads).  Each variable has one
+owner at a time, the side holding its latest value (`DeviceVariables.owner`): a GPU step's
+updates make the GPU the owner, and a CPU job of the same session that reads the variable
+moves it back first (`runtime.devices.acquire_variables`); a CPU step's updates make the host the
+owner, and the next GPU step uploads them.  `runtime.devices.sync_to_host(session)` copies
+everything back (checkpoints, `get_all_variables`), `sync_to_device(session)` uploads host changes.
+
+Device memory, pinned host memory, streams and events are freed explicitly, with the context
+pushed on the freeing thread, when the session closes (`release`): PyCUDA frees an object left
+to the garbage collector only where its context is current, and otherwise warns and leaks it.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pycuda.driver as cuda
 
+from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.codegen.cuda import GeneratedCudaStep
 from flowc.compiler.errors import StepError
 from flowc.compiler.ir import numpy_dtype
@@ -68,18 +76,20 @@ def _alloc(nbytes: int):
 class DeviceVariables:
     """The device copies of a session's variables, uploaded at first use."""
 
-    def __init__(self, session, device: _Device) -> None:
+    def __init__(self, session, device: _Device, name: str) -> None:
         self.session = session
         self.device = device
+        self.name = name                      # the backend's device name, for `owner`
         self.buffers: dict[str, Any] = {}        # name -> pycuda DeviceAllocation
-        self.host_stale: set[str] = set()     # changed on the device since the host copy
+        self.host_stale: set[str] = set()     # owned by the GPU: changed there since the host copy
+        self.device_stale: set[str] = set()   # owned by the host: changed there since the upload
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, session, device: _Device) -> DeviceVariables:
+    def of(cls, session, device: _Device, name: str) -> DeviceVariables:
         store = getattr(session, DEVICE_VARIABLES_ATTR, None)
         if store is None:
-            store = cls(session, device)
+            store = cls(session, device, name)
             setattr(session, DEVICE_VARIABLES_ATTR, store)
         return store
 
@@ -88,15 +98,35 @@ class DeviceVariables:
         with self._lock:
             if name not in self.buffers:
                 value = np.ascontiguousarray(self.session.value(name))
-                buf = _alloc(value.nbytes)
                 with self.device.current():
+                    buf = _alloc(value.nbytes)
                     cuda.memcpy_htod(buf, value)
                 self.buffers[name] = buf
+                self.device_stale.discard(name)
             return int(self.buffers[name])
+
+    def owner(self, name: str) -> str | None:
+        """The device holding `name`'s latest value alone (this one, or the host); None when both agree."""
+        return self.name if name in self.host_stale else HOST_DEVICE if name in self.device_stale else None
+
+    def acquire(self, device: str, reads, writes) -> None:
+        """Before a step on `device`: move what it reads there, mark what it writes as owned there
+        (runtime.devices.acquire_variables).  A GPU step marks its writes after it ran (`written`)."""
+        if device == HOST_DEVICE:
+            stale = [n for n in reads if n in self.host_stale]
+            if stale:
+                self.to_host(stale)
+            with self._lock:
+                self.device_stale.update(n for n in writes if n in self.buffers)
+        else:
+            stale = [n for n in reads if n in self.device_stale]
+            if stale:
+                self.to_device(stale)
 
     def written(self, names) -> None:
         with self._lock:
             self.host_stale.update(n for n in names if n in self.buffers)
+            self.device_stale.difference_update(names)
 
     def to_host(self, names=None) -> None:
         with self._lock, self.device.current():
@@ -116,6 +146,16 @@ class DeviceVariables:
                 if name in self.buffers:
                     cuda.memcpy_htod(self.buffers[name], np.ascontiguousarray(self.session.value(name)))
                     self.host_stale.discard(name)
+                    self.device_stale.discard(name)
+
+    def release(self) -> None:
+        """Copy what the GPU owns back to the host, then free every device copy (session close)."""
+        self.to_host()
+        with self._lock, self.device.current():
+            for buf in self.buffers.values():
+                buf.free()
+            self.buffers.clear()
+            self.device_stale.clear()
 
 
 class CudaSlot:
@@ -139,12 +179,32 @@ class CudaSlot:
         self.fed = cuda.Event()
         self.args = [tuple(step.pointer(b, self) for b in launch.args) for launch in step.launches]
 
+    def release(self) -> None:
+        """Free the slot's device and pinned buffers and drop its event (the caller pushed the context)."""
+        for buf in [*self.device_inputs, *self.device_scalars.values()]:
+            buf.free()
+        for host in [*self.inputs, *self.scalars.values(), *self.outputs]:
+            _free_pinned(host)
+        self.device_inputs, self.device_scalars, self.fetch, self.args = [], {}, [], []
+        self.inputs, self.scalars, self.outputs = [], {}, []      # their memory is gone: no view may stay
+        self.fed = None       # PyCUDA destroys an event when its last reference goes: here, context current
+
 
 def _pinned(shape: tuple, dtype: str) -> np.ndarray:
     """A page-locked host array (the DMA engine copies it while the CPU does other work)."""
     size = int(np.prod(shape, dtype=np.int64))
     flat = cuda.pagelocked_empty(max(size, 1), numpy_dtype(dtype))
     return flat[:size].reshape(shape)
+
+
+def _free_pinned(array: np.ndarray) -> None:
+    """Free the page-locked memory under `array` (PyCUDA's HostAllocation is the base of the views)."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    free = getattr(base, "free", None)
+    if free is not None:
+        free()
 
 
 class CudaLoadedStep(LoadedStep):
@@ -163,7 +223,8 @@ class CudaLoadedStep(LoadedStep):
         self.copies = generated.copies
         self.label_checks = generated.label_checks
         self.assigned = list(self.graph.assigns)
-        self.variables = DeviceVariables.of(session, self.device)
+        self.read = list(self.graph.variables)
+        self.variables = DeviceVariables.of(session, self.device, compiled.device)
         with self.device.current():
             self.module = cuda.module_from_file(str(compiled.library))
             self.functions = []
@@ -182,6 +243,7 @@ class CudaLoadedStep(LoadedStep):
             self.copy_args = [(self.pointer(c.dst, self.slots[0]), self.pointer(c.src, self.slots[0]), c.nbytes)
                               for c in self.copies]
         self._profiled = list(generated.profiled_kernels)
+        self.released = False
         self._seconds = [0.0] * len(self._profiled)
 
     # -- buffers ------------------------------------------------------------------------
@@ -252,6 +314,7 @@ class CudaLoadedStep(LoadedStep):
             if check.fails(slot.inputs[check.input]):
                 self.raise_step_error(check.code)
         profiling = bool(self._profiled)
+        self.variables.acquire(self.compiled.device, self.read, self.assigned)    # a CPU job may own some of them
         with self.device.current():
             try:
                 self.stream.wait_for_event(slot.fed)
@@ -313,3 +376,23 @@ class CudaLoadedStep(LoadedStep):
     def sync_to_host(self) -> None:
         """Copy every variable this session's GPU jobs changed back into the session's arrays."""
         self.variables.to_host()
+
+    def release(self) -> None:
+        """Free the step's device memory, pinned memory, streams and events now, with the context
+        pushed on this thread (Session.close, once no step runs)."""
+        if self.released:
+            return
+        self.released = True
+        with self.device.current():
+            self.stream.synchronize()
+            self.copy_stream.synchronize()
+            for buf in (self.arena, self.scratch, self.status):
+                buf.free()
+            _free_pinned(self.host_status)
+            for slot in self.slots:
+                slot.release()
+            # Streams have no free(): PyCUDA destroys them when the last reference goes, which
+            # must happen here, where the context is current.
+            self.slots, self.stream, self.copy_stream, self.copy_args = [], None, None, []
+            self.module = None
+            self.functions = []

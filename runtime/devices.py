@@ -61,12 +61,51 @@ def gpu_status() -> tuple[bool, str]:
         return False, "the CUDA driver sees no GPU"
     if not _nvcc_found():
         return False, "nvcc is not installed (needed to compile the kernels); install the CUDA toolkit"
+    too_old = _driver_older_than_toolkit(drv)
+    if too_old:
+        return False, too_old
     try:
         dev = drv.Device(0)
         major, minor = dev.compute_capability()
         return True, f"{dev.name()} (sm_{major}{minor})"
     except Exception as e:
         return False, f"GPU 0 cannot be queried: {type(e).__name__}: {e}"
+
+
+def driver_older_than_toolkit(driver_version: int, toolkit_release: str) -> str | None:
+    """Why kernels built by nvcc of `toolkit_release` ("13.0") cannot load under a driver reporting
+    `driver_version` (cuDriverGetVersion's 12040 for CUDA 12.4), or None when they can.
+
+    The driver must support the toolkit's major version: a CUDA 13 cubin (or its PTX) fails to load
+    under a CUDA 12 driver with an opaque "invalid image" at the first call, so it is refused up front.
+    Within one major version CUDA's minor-version compatibility runs the cubin built for the device.
+
+    Example:
+        >>> driver_older_than_toolkit(12040, "13.0")[:45]
+        'the CUDA driver supports CUDA 12.4, older tha'
+        >>> driver_older_than_toolkit(13000, "13.0") is None
+        True
+    """
+    major, minor = driver_version // 1000, (driver_version % 1000) // 10
+    toolkit = tuple(int(x) for x in toolkit_release.split(".")[:2])
+    if major >= toolkit[0]:
+        return None
+    return (f"the CUDA driver supports CUDA {major}.{minor}, older than the CUDA toolkit's nvcc "
+            f"(CUDA {toolkit_release}) that builds the kernels; update the NVIDIA driver, or point $NVCC "
+            f"at an nvcc of CUDA {major}.x")
+
+
+def _driver_older_than_toolkit(drv) -> str | None:
+    """driver_older_than_toolkit for this machine's driver and nvcc (None when either cannot say)."""
+    import re
+
+    from flowc.compiler.cuda_toolchain import nvcc_version
+    try:
+        driver_version = int(drv.get_driver_version())
+        release = re.search(r"release (\d+\.\d+)", nvcc_version())
+    except Exception:      # an nvcc that does not run is reported when it builds, with its own message
+        return None
+    return driver_older_than_toolkit(driver_version, release.group(1)) if release else None
 
 
 def placed_device(graph: Graph) -> str:
@@ -100,7 +139,10 @@ def job_device(graph: Graph) -> tuple[str, str | None]:
 
 def load_step(compiled, session, depth: int = 1):
     """The loaded step for `compiled`: the `LoadedStep` of the backend it was built for."""
-    return get_backend(compiled.device).loaded_step()(compiled, session, depth)
+    step = get_backend(compiled.device).loaded_step()(compiled, session, depth)
+    if compiled.device != HOST_DEVICE:
+        session.loaded_steps.append(step)     # released with the session (release_device_memory)
+    return step
 
 
 def sync_to_host(session, names=None) -> None:
@@ -113,6 +155,31 @@ def sync_to_host(session, names=None) -> None:
     store = getattr(session, DEVICE_VARIABLES_ATTR, None)
     if store is not None:
         store.to_host(names)
+
+
+def acquire_variables(session, device: str, reads, writes) -> None:
+    """Before a step on `device` that reads `reads` and assigns `writes` (variable names): each
+    variable has one owner, the device holding its latest value; those the step reads are moved
+    to `device` where another owns them, and those it writes are marked as owned by `device`.
+    Called under the session's step lock (every step of the session runs in order).  Free when
+    no GPU job ever ran in this session: the host then owns everything."""
+    store = getattr(session, DEVICE_VARIABLES_ATTR, None)
+    if store is not None:
+        store.acquire(device, reads, writes)
+
+
+def release_device_memory(session) -> None:
+    """Free what the session's GPU jobs hold on the device (buffers, streams, events, pinned host
+    memory), on this thread with the context current: PyCUDA frees an object left to the garbage
+    collector only on a thread where its context is current, and otherwise warns and leaks it.
+    Called by `Session.close` once no step runs; the host arrays keep the variables' latest values."""
+    for step in session.loaded_steps:
+        step.release()
+    session.loaded_steps.clear()
+    store = getattr(session, DEVICE_VARIABLES_ATTR, None)
+    if store is not None:
+        store.release()
+        delattr(session, DEVICE_VARIABLES_ATTR)
 
 
 def sync_to_device(session, names=None) -> None:

@@ -15,9 +15,11 @@ from typing import Sequence
 import cffi
 import numpy as np
 
+from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.core_library import load_core
 from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.pipeline import CompiledStep
+from flowc.runtime.devices import DEVICE_VARIABLES_ATTR, acquire_variables
 from flowc.runtime.loaded_step import LoadedStep
 
 _ffi = cffi.FFI()
@@ -67,6 +69,7 @@ class CpuLoadedStep(LoadedStep):
         self._input_entries = {b[1]: i for i, b in enumerate(bindings) if b[0] == "input"}
         storage = compiled.program.require_memory().storage
         self._inputs_read_back = {storage[o].key for o in self.graph.outputs if storage[o].kind == "input"}
+        self._reads, self._writes = list(self.graph.variables), list(self.graph.assigns)
 
     def buffer(self, binding: tuple, slot: Slot) -> np.ndarray:
         kind = binding[0]
@@ -127,6 +130,8 @@ class CpuLoadedStep(LoadedStep):
 
     def compute(self, slot: Slot) -> list[np.ndarray]:
         """Run the step on `slot` (one foreign call, GIL released) and copy its outputs out."""
+        if hasattr(self.session, DEVICE_VARIABLES_ATTR):    # a GPU job of the session may own some
+            acquire_variables(self.session, HOST_DEVICE, self._reads, self._writes)
         code = self.lib.flowc_step(slot.table)
         if code:
             self.raise_step_error(code, slot)

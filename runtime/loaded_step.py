@@ -48,6 +48,11 @@ class LoadedStep(abc.ABC):
     def profile(self) -> list[tuple[str, float]]:
         """(kernel, seconds summed over the steps so far), for a step compiled with FLOWC_PROFILE=1."""
 
+    def release(self) -> None:
+        """Free what the step holds outside Python's heap (device memory, streams) now, on this
+        thread; the step is not used again.  Nothing to do for a step on the host."""
+        return None
+
     def run(self, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> list[np.ndarray]:
         """Feed, compute, fetch on the first slot, synchronously (tests and tools)."""
         self.feed(self.slots[0], arrays, scalars)

@@ -40,6 +40,8 @@ class Session:
     # Checkpoint values loaded before a job declared their variable (runtime/checkpoint.py):
     # name -> PendingValue; declare_variable checks it and uses it as the initial value.
     pending_values: dict[str, Any] = field(default_factory=dict)
+    # Loaded steps off the host (GPU): their device memory is freed when the session closes.
+    loaded_steps: list[Any] = field(default_factory=list)
 
     def add_job_function(self, job: Any) -> None:
         """Remember a job function of this session (decorated while it was the default one, or called in
@@ -194,6 +196,8 @@ class Session:
         for job in list(self.jobs):
             job.release(self)
         self.jobs.clear()
+        from flowc.runtime.devices import release_device_memory
+        release_device_memory(self)        # no step runs any more: free on this thread, explicitly
         with self._lock:
             self._job_functions.clear()
         for err in errors:

@@ -3,10 +3,11 @@ that tests which need a GPU carry the `gpu` marker."""
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 
 import pytest
+
+from tests.gpu_requirement import NO_GPU, failure_instead_of_skip, gpu_required_here
 
 # Set before flowc compiles anything: tests never read or fill the user's ~/.cache/flowc.
 # FLOWC_TEST_CACHE_DIR lets a developer keep one warm cache across runs.
@@ -28,7 +29,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 #   gpu:  needs a real GPU with PyCUDA, and skips itself where there is none.
 # A test that skips for want of a GPU but lacks the `gpu` marker fails instead, naming the marker,
 # so that `make test-fast` never lists GPU tests as skips and `-m gpu` selects all of them.
-_NO_GPU = re.compile(r"no usable GPU|no GPU|PyCUDA|pycuda|needs? an? (NVIDIA )?GPU", re.IGNORECASE)
+# Where a GPU is present (nvidia-smi lists one, or FLOWC_REQUIRE_GPU=1), a skip for want of a usable
+# GPU fails instead, with its reason (tests/gpu_requirement.py): no green run that ran no GPU test.
+_NO_GPU = NO_GPU
 
 
 def _missing_gpu_marker(item: pytest.Item, reason: str) -> str | None:
@@ -38,13 +41,27 @@ def _missing_gpu_marker(item: pytest.Item, reason: str) -> str | None:
     return None
 
 
+def _skip_refused(reason: str) -> str | None:
+    """A GPU is present but unusable: the skip's reason, as a failure (None when it may skip)."""
+    if not _NO_GPU.search(reason):        # nvidia-smi is run only for a skip that concerns the GPU
+        return None
+    return failure_instead_of_skip(reason, gpu_required_here())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """skipif marks, checked whatever their condition says on this machine."""
+    """skipif marks, checked whatever their condition says on this machine; those that would skip for
+    want of a GPU where one is present fail instead."""
     for mark in item.iter_markers("skipif"):
-        message = _missing_gpu_marker(item, str(mark.kwargs.get("reason", "")))
+        reason = str(mark.kwargs.get("reason", ""))
+        message = _missing_gpu_marker(item, reason)
         if message:
             pytest.fail(message, pytrace=False)
+        condition = mark.args[0] if mark.args else mark.kwargs.get("condition", True)
+        if condition is True or (not isinstance(condition, str) and bool(condition)):
+            refused = _skip_refused(reason)
+            if refused:
+                pytest.fail(f"{item.nodeid}: {refused}", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,7 +70,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     if report.skipped and isinstance(report.longrepr, tuple):
-        message = _missing_gpu_marker(item, str(report.longrepr[2]))
+        reason = str(report.longrepr[2])
+        message = _missing_gpu_marker(item, reason) or _skip_refused(reason)
         if message:
             report.outcome, report.longrepr = "failed", message
 

@@ -101,6 +101,11 @@ def _grid_1d(total: int, block: int = BLOCK) -> tuple[int, int, int]:
     return (max(1, min(_ceil_div(total, block), MAX_GRID)), 1, 1)
 
 
+def _gemm_grid(column_tiles: int, row_tiles: int, planes: int) -> tuple[int, int, int]:
+    """A GEMM template's grid: y and z stop at CUDA's 65,535, the kernels stride over the rest."""
+    return (max(1, column_tiles), max(1, min(row_tiles, MAX_GRID)), max(1, min(planes, MAX_GRID)))
+
+
 def _pow2_block(n: int) -> int:
     b = 32
     while b < n and b < BLOCK:
@@ -302,15 +307,10 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
                               M=M, N=N, K=K, batch=batch, A=params.use(A), B=params.use(B), C=params.use(a.id),
                               a_index=code(f"({self.I})k * {lda} + m" if ta else f"({self.I})m * {lda} + k"),
                               b_index=code(f"({self.I})n * {ldb} + k" if tb else f"({self.I})k * {ldb} + n"),
-                              tile=tile, threads=threads, epilogue=epilogue, params=params.declarations())
-        grid = (_ceil_div(N, GEMM_TILE), _ceil_div(M, GEMM_TILE), batch)
-        self._check_grid(a, grid)
+                              tile=tile, threads=threads, epilogue=epilogue, params=params.declarations(),
+                              row_tiles=_ceil_div(M, GEMM_TILE))
+        grid = _gemm_grid(_ceil_div(N, GEMM_TILE), _ceil_div(M, GEMM_TILE), batch)
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
-
-    def _check_grid(self, node, grid: tuple[int, int, int]) -> None:
-        if grid[1] > MAX_GRID or grid[2] > MAX_GRID:
-            raise CudaCodegenError(f"{node.loc}: {node.op} needs a grid of {grid} blocks; CUDA allows "
-                                   f"at most {MAX_GRID} in y and z")
 
     # -- row kernels -------------------------------------------------------------------------------
     def _row(self, k: Kernel, params: Params):
@@ -365,9 +365,8 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
     def _conv2d(self, k: Kernel, a, params: Params, ctx: dict):
         tile, threads = self._tile(a.type.dtype, True, True)
         text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, params=params.declarations(),
-                              **ctx)
-        grid = (_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
-        self._check_grid(a, grid)
+                              row_tiles=_ceil_div(ctx["Fg"], GEMM_TILE), **ctx)
+        grid = _gemm_grid(_ceil_div(ctx["P"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["N"] * ctx["groups"])
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
 
     def _conv2d_grad_input(self, k: Kernel, a, params: Params, ctx: dict):
@@ -384,15 +383,18 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
         splits = max(1, min(MAX_SPLITS, _ceil_div(reduce_len, SPLIT_CHUNK)))
         chunk = _ceil_div(reduce_len, splits)
         splits = _ceil_div(reduce_len, chunk)          # no empty split
+        if chunk >= 1 << 31:     # the GEMM tile counts the terms of one split in an int
+            raise CudaCodegenError(f"{a.loc}: {a.op}: {reduce_len} terms per filter gradient element do not fit "
+                                   f"{MAX_SPLITS} splits of fewer than 2**31")
         itemsize = np.dtype(a.type.dtype).itemsize
         if splits > 1:
             self.scratch_bytes = max(self.scratch_bytes, splits * ctx["F"] * ctx["K"] * itemsize)
         tile, threads = self._tile(a.type.dtype, True, False)
         text = self._template(self.lowering(a.op).template, tile=tile, threads=threads, splits=splits, chunk=chunk,
                               R=reduce_len, block=BLOCK, params=params.declarations(),
-                              I=code(self._index_type(splits * ctx["F"] * ctx["K"])), **ctx)
-        grid = (_ceil_div(ctx["K"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["groups"] * splits)
-        self._check_grid(a, grid)
+                              row_tiles=_ceil_div(ctx["Fg"], GEMM_TILE),
+                              I=code(self._index_type(max(splits * ctx["F"] * ctx["K"], reduce_len))), **ctx)
+        grid = _gemm_grid(_ceil_div(ctx["K"], GEMM_TILE), _ceil_div(ctx["Fg"], GEMM_TILE), ctx["groups"] * splits)
         args = tuple(params.arguments())
         if splits == 1:
             return text, [Launch(k.name, grid, (threads, 1, 1), 0, args)]

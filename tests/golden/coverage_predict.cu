@@ -16,11 +16,12 @@
 
 // matmul_3: %3 matmul @coverage_jobs.py:30
 extern "C" __global__ void __launch_bounds__(256) matmul_3(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b1, float* FLOWC_RESTRICT b3) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 2; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b0 + b * 12;
   const float* b_ = b1 + b * 20;
   float* c_ = b3 + b * 15;
-  flowc::gemm_tile<float, true, true>(3, 5, 0, 4, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(3, 5, 0, 4, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 4 + k]; },
       [=](int k, int n) { return b_[(int)k * 5 + n]; },
       [=](int row, int column, float acc) {
@@ -28,6 +29,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_3(const float* FLOWC_RE
         const int i = i0 * 5 + i1;
         c_[i] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // argmax_5: %5 argmax @coverage_jobs.py:31

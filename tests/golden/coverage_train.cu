@@ -54,10 +54,12 @@
 
 // conv2d_3_add_relu: %3 conv2d @coverage_jobs.py:15, %6 add @coverage_jobs.py:15, %7 relu @coverage_jobs.py:15
 extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b2, float* FLOWC_RESTRICT b3, const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7) {
-  const int n = blockIdx.z / 1, g = blockIdx.z % 1;
+  for (int z = blockIdx.z; z < 4; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int n = z / 1, g = z % 1;
   const float* xg = b0 + (n * 3 + g * 3) * 64;
   const float* wg = b2 + g * 108;
-  flowc::gemm_tile<float, true, true>(4, 64, 0, 27, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(4, 64, 0, 27, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int f, int k) { return wg[f * 27 + k]; },
       [=](int k, int p) -> float {
         const int c = k / 9, tap = k % 9;
@@ -75,6 +77,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // avg_pool2d_8: %8 avg_pool2d @coverage_jobs.py:16
@@ -133,11 +137,12 @@ extern "C" __global__ void __launch_bounds__(256) concat_10(const float* FLOWC_R
 
 // matmul_13_add: %13 matmul @coverage_jobs.py:19, %15 add @coverage_jobs.py:19
 extern "C" __global__ void __launch_bounds__(256) matmul_13_add(const float* FLOWC_RESTRICT b14, float* FLOWC_RESTRICT b15, const float* FLOWC_RESTRICT b11, const float* FLOWC_RESTRICT b12, float* FLOWC_RESTRICT b13) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b11 + b * 512;
   const float* b_ = b12 + b * 640;
   float* c_ = b13 + b * 20;
-  flowc::gemm_tile<float, true, false>(4, 5, 0, 128, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(4, 5, 0, 128, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 128 + k]; },
       [=](int k, int n) { return b_[(int)n * 128 + k]; },
       [=](int row, int column, float acc) {
@@ -148,6 +153,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_13_add(const float* FLO
         const float v15 = (acc + l0);
         b15[i] = v15;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // sparse_softmax_cross_entropy_16: %16 sparse_softmax_cross_entropy @coverage_jobs.py:20
@@ -383,11 +390,12 @@ extern "C" __global__ void __launch_bounds__(256) loop_38(const float* FLOWC_RES
 
 // matmul_40: %40 matmul @coverage_jobs.py:19
 extern "C" __global__ void __launch_bounds__(256) matmul_40(const float* FLOWC_RESTRICT b38, const float* FLOWC_RESTRICT b12, float* FLOWC_RESTRICT b40) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b38 + b * 20;
   const float* b_ = b12 + b * 640;
   float* c_ = b40 + b * 512;
-  flowc::gemm_tile<float, true, true>(4, 128, 0, 5, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(4, 128, 0, 5, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 5 + k]; },
       [=](int k, int n) { return b_[(int)k * 128 + n]; },
       [=](int row, int column, float acc) {
@@ -395,6 +403,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_40(const float* FLOWC_R
         const int i = i0 * 128 + i1;
         c_[i] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // slice_axis_43: %43 slice_axis @coverage_jobs.py:18
@@ -515,17 +525,21 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_50(const float* FLO
 
 // conv2d_grad_filter_52: %52 conv2d_grad_filter @coverage_jobs.py:15
 extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_52(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b48, float* FLOWC_RESTRICT b52) {
-  const int g = blockIdx.z % 1, split = blockIdx.z / 1;
-  const int r_begin = (int)split * 256;
-  const int r_end = r_begin + 256 < 256 ? r_begin + 256 : 256;
-  flowc::gemm_tile<float, true, false>(4, 27, r_begin, r_end, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
-      [=](int f, int r) {
+  for (int z = blockIdx.z; z < 1; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int g = z % 1, split = z / 1;
+  const int r_begin = split * 256;
+  const int r_count = (int)(r_begin + 256 < 256 ? 256 : 256 - r_begin);
+  flowc::gemm_tile<float, true, false>(4, 27, 0, r_count, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+      [=](int f, int r_in_split) {
+        const int r = r_begin + r_in_split;
         const int n = r / 64, p = r % 64;
         return b48[(n * 4 + g * 4 + f) * 64 + p];
       },
-      [=](int r, int k) -> float {
+      [=](int r_in_split, int k) -> float {
+        const int r = r_begin + r_in_split;
         const int n = r / 64;
-        const int p = r % 64, c = k / 9, tap = k % 9;
+        const int p = (int)(r % 64), c = k / 9, tap = k % 9;
         const int ih = (p / 8) * 1 - 1 + (tap / 3) * 1;
         const int iw = (p % 8) * 1 - 1 + (tap % 3) * 1;
         return (ih >= 0 && ih < 8 && iw >= 0 && iw < 8)
@@ -534,6 +548,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_52(const fl
       [=](int f, int k, float acc) {
         b52[(g * 4 + f) * 27 + k] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 
@@ -602,11 +618,12 @@ extern "C" __global__ void __launch_bounds__(256) optimizer_update(const float* 
 
 // matmul_41_multiply_add_sqrt_divide_subtract: %41 matmul @coverage_jobs.py:19, %95 multiply @coverage_jobs.py:19, %97 multiply @coverage_jobs.py:19, %98 add @coverage_jobs.py:19, %100 multiply @coverage_jobs.py:19, %101 multiply @coverage_jobs.py:19, %103 multiply @coverage_jobs.py:19, %104 add @coverage_jobs.py:19, %105 sqrt @coverage_jobs.py:19, %107 add @coverage_jobs.py:19, %108 multiply @coverage_jobs.py:19, %109 divide @coverage_jobs.py:19, %110 subtract @coverage_jobs.py:19
 extern "C" __global__ void __launch_bounds__(256) matmul_41_multiply_add_sqrt_divide_subtract(const float* b92, float* b98, const float* b93, float* b104, const float* FLOWC_RESTRICT b53, const float* b12, float* b110, const float* FLOWC_RESTRICT b38, const float* FLOWC_RESTRICT b11, float* FLOWC_RESTRICT b41) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b38 + b * 20;
   const float* b_ = b11 + b * 512;
   float* c_ = b41 + b * 640;
-  flowc::gemm_tile<float, false, true>(5, 128, 0, 4, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, false, true>(5, 128, 0, 4, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)k * 5 + m]; },
       [=](int k, int n) { return b_[(int)k * 128 + n]; },
       [=](int row, int column, float acc) {
@@ -638,6 +655,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_41_multiply_add_sqrt_di
         const float v110 = (l3 - v109);
         b110[i] = v110;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // reduce_sum_39_multiply_add_sqrt_divide_subtract: %39 reduce_sum @coverage_jobs.py:19, %114 multiply @coverage_jobs.py:19, %116 multiply @coverage_jobs.py:19, %117 add @coverage_jobs.py:19, %119 multiply @coverage_jobs.py:19, %120 multiply @coverage_jobs.py:19, %122 multiply @coverage_jobs.py:19, %123 add @coverage_jobs.py:19, %124 sqrt @coverage_jobs.py:19, %126 add @coverage_jobs.py:19, %127 multiply @coverage_jobs.py:19, %128 divide @coverage_jobs.py:19, %129 subtract @coverage_jobs.py:19

@@ -24,10 +24,12 @@
 
 // conv2d_3_add_relu: %3 conv2d @synchronize_batch_job.py:14, %6 add @synchronize_batch_job.py:14, %7 relu @synchronize_batch_job.py:14
 extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b2, float* FLOWC_RESTRICT b3, const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7) {
-  const int n = blockIdx.z / 1, g = blockIdx.z % 1;
+  for (int z = blockIdx.z; z < 100; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int n = z / 1, g = z % 1;
   const float* xg = b0 + (n * 1 + g * 1) * 784;
   const float* wg = b2 + g * 800;
-  flowc::gemm_tile<float, true, true>(32, 784, 0, 25, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(32, 784, 0, 25, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int f, int k) { return wg[f * 25 + k]; },
       [=](int k, int p) -> float {
         const int c = k / 25, tap = k % 25;
@@ -45,6 +47,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // max_pool2d_8: %8 max_pool2d @synchronize_batch_job.py:23
@@ -69,10 +73,12 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_8(const float* FLOW
 
 // conv2d_10_add_relu: %10 conv2d @synchronize_batch_job.py:24, %13 add @synchronize_batch_job.py:24, %14 relu @synchronize_batch_job.py:24
 extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float* FLOWC_RESTRICT b9, float* FLOWC_RESTRICT b10, const float* FLOWC_RESTRICT b12, float* FLOWC_RESTRICT b14) {
-  const int n = blockIdx.z / 1, g = blockIdx.z % 1;
+  for (int z = blockIdx.z; z < 100; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int n = z / 1, g = z % 1;
   const float* xg = b8 + (n * 32 + g * 32) * 196;
   const float* wg = b9 + g * 51200;
-  flowc::gemm_tile<float, true, true>(64, 196, 0, 800, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(64, 196, 0, 800, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int f, int k) { return wg[f * 800 + k]; },
       [=](int k, int p) -> float {
         const int c = k / 25, tap = k % 25;
@@ -90,6 +96,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float
         const float v14 = flowc::maximum(v13, (float)0);
         b14[i] = v14;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // max_pool2d_15: %15 max_pool2d @synchronize_batch_job.py:33
@@ -114,11 +122,12 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_15(const float* FLO
 
 // matmul_18_add_relu: %18 matmul @synchronize_batch_job.py:35, %20 add @synchronize_batch_job.py:35, %21 relu @synchronize_batch_job.py:35
 extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu(const float* FLOWC_RESTRICT b19, float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b16, const float* FLOWC_RESTRICT b17, float* FLOWC_RESTRICT b18) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b16 + b * 313600;
   const float* b_ = b17 + b * 1605632;
   float* c_ = b18 + b * 51200;
-  flowc::gemm_tile<float, true, false>(100, 512, 0, 3136, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 512, 0, 3136, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 3136 + k]; },
       [=](int k, int n) { return b_[(int)n * 3136 + k]; },
       [=](int row, int column, float acc) {
@@ -130,15 +139,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu(const float
         const float v21 = flowc::maximum(v20, (float)0);
         b21[i] = v21;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_23_add: %23 matmul @synchronize_batch_job.py:44, %25 add @synchronize_batch_job.py:44
 extern "C" __global__ void __launch_bounds__(256) matmul_23_add(const float* FLOWC_RESTRICT b24, float* FLOWC_RESTRICT b25, const float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b22, float* FLOWC_RESTRICT b23) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b21 + b * 51200;
   const float* b_ = b22 + b * 5120;
   float* c_ = b23 + b * 1000;
-  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 512 + k]; },
       [=](int k, int n) { return b_[(int)n * 512 + k]; },
       [=](int row, int column, float acc) {
@@ -149,5 +161,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_23_add(const float* FLO
         const float v25 = (acc + l0);
         b25[i] = v25;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 

@@ -50,10 +50,12 @@
 
 // conv2d_3_add_relu: %3 conv2d @synchronize_single_job.py:12, %6 add @synchronize_single_job.py:12, %7 relu @synchronize_single_job.py:12
 extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b2, float* FLOWC_RESTRICT b3, const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7) {
-  const int n = blockIdx.z / 1, g = blockIdx.z % 1;
+  for (int z = blockIdx.z; z < 100; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int n = z / 1, g = z % 1;
   const float* xg = b0 + (n * 1 + g * 1) * 784;
   const float* wg = b2 + g * 800;
-  flowc::gemm_tile<float, true, true>(32, 784, 0, 25, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(32, 784, 0, 25, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int f, int k) { return wg[f * 25 + k]; },
       [=](int k, int p) -> float {
         const int c = k / 25, tap = k % 25;
@@ -71,6 +73,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_3_add_relu(const float*
         const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // max_pool2d_8: %8 max_pool2d @synchronize_single_job.py:21
@@ -95,10 +99,12 @@ extern "C" __global__ void __launch_bounds__(256) max_pool2d_8(const float* FLOW
 
 // conv2d_10_add_relu: %10 conv2d @synchronize_single_job.py:22, %13 add @synchronize_single_job.py:22, %14 relu @synchronize_single_job.py:22
 extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float* FLOWC_RESTRICT b9, float* FLOWC_RESTRICT b10, const float* FLOWC_RESTRICT b12, float* FLOWC_RESTRICT b14) {
-  const int n = blockIdx.z / 1, g = blockIdx.z % 1;
+  for (int z = blockIdx.z; z < 100; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int n = z / 1, g = z % 1;
   const float* xg = b8 + (n * 32 + g * 32) * 196;
   const float* wg = b9 + g * 51200;
-  flowc::gemm_tile<float, true, true>(64, 196, 0, 800, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(64, 196, 0, 800, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int f, int k) { return wg[f * 800 + k]; },
       [=](int k, int p) -> float {
         const int c = k / 25, tap = k % 25;
@@ -116,6 +122,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_10_add_relu(const float
         const float v14 = flowc::maximum(v13, (float)0);
         b14[i] = v14;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // max_pool2d_15: %15 max_pool2d @synchronize_single_job.py:31
@@ -153,11 +161,12 @@ extern "C" __global__ void __launch_bounds__(256) loop_23(const int64_t* FLOWC_R
 
 // matmul_18_add_relu_multiply: %18 matmul @synchronize_single_job.py:33, %20 add @synchronize_single_job.py:33, %21 relu @synchronize_single_job.py:33, %24 multiply @synchronize_single_job.py:41
 extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu_multiply(const float* FLOWC_RESTRICT b19, float* FLOWC_RESTRICT b21, const float* FLOWC_RESTRICT b23, float* FLOWC_RESTRICT b24, const float* FLOWC_RESTRICT b16, const float* FLOWC_RESTRICT b17, float* FLOWC_RESTRICT b18) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b16 + b * 313600;
   const float* b_ = b17 + b * 1605632;
   float* c_ = b18 + b * 51200;
-  flowc::gemm_tile<float, true, false>(100, 512, 0, 3136, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 512, 0, 3136, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 3136 + k]; },
       [=](int k, int n) { return b_[(int)n * 3136 + k]; },
       [=](int row, int column, float acc) {
@@ -172,15 +181,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_18_add_relu_multiply(co
         const float v24 = (v21 * l1);
         b24[i] = v24;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_26_add: %26 matmul @synchronize_single_job.py:42, %28 add @synchronize_single_job.py:42
 extern "C" __global__ void __launch_bounds__(256) matmul_26_add(const float* FLOWC_RESTRICT b27, float* FLOWC_RESTRICT b28, const float* FLOWC_RESTRICT b24, const float* FLOWC_RESTRICT b25, float* FLOWC_RESTRICT b26) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b24 + b * 51200;
   const float* b_ = b25 + b * 5120;
   float* c_ = b26 + b * 1000;
-  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 512 + k]; },
       [=](int k, int n) { return b_[(int)n * 512 + k]; },
       [=](int row, int column, float acc) {
@@ -191,6 +203,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_26_add(const float* FLO
         const float v28 = (acc + l0);
         b28[i] = v28;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // loop_30: 
@@ -236,11 +250,12 @@ extern "C" __global__ void __launch_bounds__(256) softmax_xent_fwd_bwd_29(const 
 
 // matmul_33_multiply_relu_grad: %33 matmul @synchronize_single_job.py:42, %35 multiply @synchronize_single_job.py:41, %36 relu_grad @synchronize_single_job.py:33
 extern "C" __global__ void __launch_bounds__(256) matmul_33_multiply_relu_grad(const float* FLOWC_RESTRICT b23, const float* FLOWC_RESTRICT b21, float* FLOWC_RESTRICT b36, const float* FLOWC_RESTRICT b31, const float* FLOWC_RESTRICT b25, float* FLOWC_RESTRICT b33) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b31 + b * 1000;
   const float* b_ = b25 + b * 5120;
   float* c_ = b33 + b * 51200;
-  flowc::gemm_tile<float, true, true>(100, 512, 0, 10, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(100, 512, 0, 10, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 10 + k]; },
       [=](int k, int n) { return b_[(int)k * 512 + n]; },
       [=](int row, int column, float acc) {
@@ -253,15 +268,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_33_multiply_relu_grad(c
         const float v36 = (l1 > (float)0 ? v35 : l1 <= (float)0 ? (float)0 : l1);
         b36[i] = v36;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_38: %38 matmul @synchronize_single_job.py:33
 extern "C" __global__ void __launch_bounds__(256) matmul_38(const float* FLOWC_RESTRICT b36, const float* FLOWC_RESTRICT b17, float* FLOWC_RESTRICT b38) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b36 + b * 51200;
   const float* b_ = b17 + b * 1605632;
   float* c_ = b38 + b * 313600;
-  flowc::gemm_tile<float, true, true>(100, 3136, 0, 512, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(100, 3136, 0, 512, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 512 + k]; },
       [=](int k, int n) { return b_[(int)k * 3136 + n]; },
       [=](int row, int column, float acc) {
@@ -269,6 +287,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_38(const float* FLOWC_R
         const int i = i0 * 3136 + i1;
         c_[i] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // max_pool2d_grad_41: %41 max_pool2d_grad @synchronize_single_job.py:31
@@ -385,17 +405,21 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_grad_input_46(const flo
 
 // conv2d_grad_filter_47: %47 conv2d_grad_filter @synchronize_single_job.py:22
 extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_47(const float* FLOWC_RESTRICT b8, const float* FLOWC_RESTRICT b42, float* FLOWC_RESTRICT b47, float* FLOWC_RESTRICT scratch) {
-  const int g = blockIdx.z % 1, split = blockIdx.z / 1;
-  const int r_begin = (int)split * 1960;
-  const int r_end = r_begin + 1960 < 19600 ? r_begin + 1960 : 19600;
-  flowc::gemm_tile<float, true, false>(64, 800, r_begin, r_end, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
-      [=](int f, int r) {
+  for (int z = blockIdx.z; z < 10; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int g = z % 1, split = z / 1;
+  const int r_begin = split * 1960;
+  const int r_count = (int)(r_begin + 1960 < 19600 ? 1960 : 19600 - r_begin);
+  flowc::gemm_tile<float, true, false>(64, 800, 0, r_count, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+      [=](int f, int r_in_split) {
+        const int r = r_begin + r_in_split;
         const int n = r / 196, p = r % 196;
         return b42[(n * 64 + g * 64 + f) * 196 + p];
       },
-      [=](int r, int k) -> float {
+      [=](int r_in_split, int k) -> float {
+        const int r = r_begin + r_in_split;
         const int n = r / 196;
-        const int p = r % 196, c = k / 25, tap = k % 25;
+        const int p = (int)(r % 196), c = k / 25, tap = k % 25;
         const int ih = (p / 14) * 1 - 2 + (tap / 5) * 1;
         const int iw = (p % 14) * 1 - 2 + (tap % 5) * 1;
         return (ih >= 0 && ih < 14 && iw >= 0 && iw < 14)
@@ -404,6 +428,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_47(const fl
       [=](int f, int k, float acc) {
         scratch[(split * 64 + g * 64 + f) * 800 + k] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_47_sum(float* FLOWC_RESTRICT b47, const float* FLOWC_RESTRICT scratch) {
@@ -505,17 +531,21 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_51(const float* FLO
 
 // conv2d_grad_filter_53: %53 conv2d_grad_filter @synchronize_single_job.py:12
 extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_53(const float* FLOWC_RESTRICT b0, const float* FLOWC_RESTRICT b49, float* FLOWC_RESTRICT b53, float* FLOWC_RESTRICT scratch) {
-  const int g = blockIdx.z % 1, split = blockIdx.z / 1;
-  const int r_begin = (int)split * 2011;
-  const int r_end = r_begin + 2011 < 78400 ? r_begin + 2011 : 78400;
-  flowc::gemm_tile<float, true, false>(32, 25, r_begin, r_end, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
-      [=](int f, int r) {
+  for (int z = blockIdx.z; z < 39; z += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
+  const int g = z % 1, split = z / 1;
+  const int r_begin = split * 2011;
+  const int r_count = (int)(r_begin + 2011 < 78400 ? 2011 : 78400 - r_begin);
+  flowc::gemm_tile<float, true, false>(32, 25, 0, r_count, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+      [=](int f, int r_in_split) {
+        const int r = r_begin + r_in_split;
         const int n = r / 784, p = r % 784;
         return b49[(n * 32 + g * 32 + f) * 784 + p];
       },
-      [=](int r, int k) -> float {
+      [=](int r_in_split, int k) -> float {
+        const int r = r_begin + r_in_split;
         const int n = r / 784;
-        const int p = r % 784, c = k / 25, tap = k % 25;
+        const int p = (int)(r % 784), c = k / 25, tap = k % 25;
         const int ih = (p / 28) * 1 - 2 + (tap / 5) * 1;
         const int iw = (p % 28) * 1 - 2 + (tap % 5) * 1;
         return (ih >= 0 && ih < 28 && iw >= 0 && iw < 28)
@@ -524,6 +554,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_53(const fl
       [=](int f, int k, float acc) {
         scratch[(split * 32 + g * 32 + f) * 25 + k] = acc;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) conv2d_grad_filter_53_sum(float* FLOWC_RESTRICT b53, const float* FLOWC_RESTRICT scratch) {
@@ -580,11 +612,12 @@ extern "C" __global__ void __launch_bounds__(256) optimizer_update(const float* 
 
 // matmul_39_multiply_subtract: %39 matmul @synchronize_single_job.py:33, %63 multiply @synchronize_single_job.py:33, %64 subtract @synchronize_single_job.py:33
 extern "C" __global__ void __launch_bounds__(256) matmul_39_multiply_subtract(const float* FLOWC_RESTRICT b54, const float* b17, float* b64, const float* FLOWC_RESTRICT b36, const float* FLOWC_RESTRICT b16, float* FLOWC_RESTRICT b39) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 8; row_tile += gridDim.y) {
   const float* a_ = b36 + b * 51200;
   const float* b_ = b16 + b * 313600;
   float* c_ = b39 + b * 1605632;
-  flowc::gemm_tile<float, false, true>(512, 3136, 0, 100, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, false, true>(512, 3136, 0, 100, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)k * 512 + m]; },
       [=](int k, int n) { return b_[(int)k * 3136 + n]; },
       [=](int row, int column, float acc) {
@@ -597,6 +630,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_39_multiply_subtract(co
         const float v64 = (l1 - v63);
         b64[i] = v64;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // reduce_sum_37_multiply_subtract: %37 reduce_sum @synchronize_single_job.py:33, %65 multiply @synchronize_single_job.py:33, %66 subtract @synchronize_single_job.py:33
@@ -630,11 +665,12 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_37_multiply_subtrac
 
 // matmul_34_multiply_subtract: %34 matmul @synchronize_single_job.py:42, %67 multiply @synchronize_single_job.py:42, %68 subtract @synchronize_single_job.py:42
 extern "C" __global__ void __launch_bounds__(256) matmul_34_multiply_subtract(const float* FLOWC_RESTRICT b54, const float* b25, float* b68, const float* FLOWC_RESTRICT b31, const float* FLOWC_RESTRICT b24, float* FLOWC_RESTRICT b34) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b31 + b * 1000;
   const float* b_ = b24 + b * 51200;
   float* c_ = b34 + b * 5120;
-  flowc::gemm_tile<float, false, true>(10, 512, 0, 100, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, false, true>(10, 512, 0, 100, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)k * 10 + m]; },
       [=](int k, int n) { return b_[(int)k * 512 + n]; },
       [=](int row, int column, float acc) {
@@ -647,6 +683,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_34_multiply_subtract(co
         const float v68 = (l1 - v67);
         b68[i] = v68;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // reduce_sum_32_multiply_subtract: %32 reduce_sum @synchronize_single_job.py:42, %69 multiply @synchronize_single_job.py:42, %70 subtract @synchronize_single_job.py:42

@@ -16,11 +16,12 @@
 
 // matmul_4_add_relu: %4 matmul @mlp_train_demo.py:27, %6 add @mlp_train_demo.py:27, %7 relu @mlp_train_demo.py:27
 extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7, const float* FLOWC_RESTRICT b2, const float* FLOWC_RESTRICT b3, float* FLOWC_RESTRICT b4) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b2 + b * 78400;
   const float* b_ = b3 + b * 401408;
   float* c_ = b4 + b * 51200;
-  flowc::gemm_tile<float, true, false>(100, 512, 0, 784, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 512, 0, 784, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 784 + k]; },
       [=](int k, int n) { return b_[(int)n * 784 + k]; },
       [=](int row, int column, float acc) {
@@ -32,15 +33,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float*
         const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_9_add: %9 matmul @mlp_train_demo.py:34, %11 add @mlp_train_demo.py:34
 extern "C" __global__ void __launch_bounds__(256) matmul_9_add(const float* FLOWC_RESTRICT b10, float* FLOWC_RESTRICT b11, const float* FLOWC_RESTRICT b7, const float* FLOWC_RESTRICT b8, float* FLOWC_RESTRICT b9) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b7 + b * 51200;
   const float* b_ = b8 + b * 5120;
   float* c_ = b9 + b * 1000;
-  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 512 + k]; },
       [=](int k, int n) { return b_[(int)n * 512 + k]; },
       [=](int row, int column, float acc) {
@@ -51,5 +55,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_9_add(const float* FLOW
         const float v11 = (acc + l0);
         b11[i] = v11;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 

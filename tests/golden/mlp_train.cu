@@ -25,11 +25,12 @@
 
 // matmul_4_add_relu: %4 matmul @mlp_train_demo.py:27, %6 add @mlp_train_demo.py:27, %7 relu @mlp_train_demo.py:27
 extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float* FLOWC_RESTRICT b5, float* FLOWC_RESTRICT b7, const float* FLOWC_RESTRICT b2, const float* FLOWC_RESTRICT b3, float* FLOWC_RESTRICT b4) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b2 + b * 78400;
   const float* b_ = b3 + b * 401408;
   float* c_ = b4 + b * 51200;
-  flowc::gemm_tile<float, true, false>(100, 512, 0, 784, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 512, 0, 784, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 784 + k]; },
       [=](int k, int n) { return b_[(int)n * 784 + k]; },
       [=](int row, int column, float acc) {
@@ -41,15 +42,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_4_add_relu(const float*
         const float v7 = flowc::maximum(v6, (float)0);
         b7[i] = v7;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_9_add: %9 matmul @mlp_train_demo.py:34, %11 add @mlp_train_demo.py:34
 extern "C" __global__ void __launch_bounds__(256) matmul_9_add(const float* FLOWC_RESTRICT b10, float* FLOWC_RESTRICT b11, const float* FLOWC_RESTRICT b7, const float* FLOWC_RESTRICT b8, float* FLOWC_RESTRICT b9) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b7 + b * 51200;
   const float* b_ = b8 + b * 5120;
   float* c_ = b9 + b * 1000;
-  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, false>(100, 10, 0, 512, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 512 + k]; },
       [=](int k, int n) { return b_[(int)n * 512 + k]; },
       [=](int row, int column, float acc) {
@@ -60,6 +64,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_9_add(const float* FLOW
         const float v11 = (acc + l0);
         b11[i] = v11;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // loop_13: 
@@ -105,11 +111,12 @@ extern "C" __global__ void __launch_bounds__(256) softmax_xent_fwd_bwd_12(const 
 
 // matmul_16_relu_grad: %16 matmul @mlp_train_demo.py:34, %18 relu_grad @mlp_train_demo.py:27
 extern "C" __global__ void __launch_bounds__(256) matmul_16_relu_grad(const float* FLOWC_RESTRICT b7, float* FLOWC_RESTRICT b18, const float* FLOWC_RESTRICT b14, const float* FLOWC_RESTRICT b8, float* FLOWC_RESTRICT b16) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 2; row_tile += gridDim.y) {
   const float* a_ = b14 + b * 1000;
   const float* b_ = b8 + b * 5120;
   float* c_ = b16 + b * 51200;
-  flowc::gemm_tile<float, true, true>(100, 512, 0, 10, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, true, true>(100, 512, 0, 10, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)m * 10 + k]; },
       [=](int k, int n) { return b_[(int)k * 512 + n]; },
       [=](int row, int column, float acc) {
@@ -120,15 +127,18 @@ extern "C" __global__ void __launch_bounds__(256) matmul_16_relu_grad(const floa
         const float v18 = (l0 > (float)0 ? acc : l0 <= (float)0 ? (float)0 : l0);
         b18[i] = v18;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // matmul_20_multiply_subtract: %20 matmul @mlp_train_demo.py:27, %22 multiply @mlp_train_demo.py:27, %23 subtract @mlp_train_demo.py:27
 extern "C" __global__ void __launch_bounds__(256) matmul_20_multiply_subtract(const float* FLOWC_RESTRICT b21, const float* b3, float* b23, const float* FLOWC_RESTRICT b18, const float* FLOWC_RESTRICT b2, float* FLOWC_RESTRICT b20) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 8; row_tile += gridDim.y) {
   const float* a_ = b18 + b * 51200;
   const float* b_ = b2 + b * 78400;
   float* c_ = b20 + b * 401408;
-  flowc::gemm_tile<float, false, true>(512, 784, 0, 100, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, false, true>(512, 784, 0, 100, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)k * 512 + m]; },
       [=](int k, int n) { return b_[(int)k * 784 + n]; },
       [=](int row, int column, float acc) {
@@ -141,6 +151,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_20_multiply_subtract(co
         const float v23 = (l1 - v22);
         b23[i] = v23;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // reduce_sum_19_multiply_subtract: %19 reduce_sum @mlp_train_demo.py:27, %24 multiply @mlp_train_demo.py:27, %25 subtract @mlp_train_demo.py:27
@@ -174,11 +186,12 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_19_multiply_subtrac
 
 // matmul_17_multiply_subtract: %17 matmul @mlp_train_demo.py:34, %26 multiply @mlp_train_demo.py:34, %27 subtract @mlp_train_demo.py:34
 extern "C" __global__ void __launch_bounds__(256) matmul_17_multiply_subtract(const float* FLOWC_RESTRICT b21, const float* b8, float* b27, const float* FLOWC_RESTRICT b14, const float* FLOWC_RESTRICT b7, float* FLOWC_RESTRICT b17) {
-  const int b = blockIdx.z;
+  for (int b = blockIdx.z; b < 1; b += gridDim.z)
+  for (int row_tile = blockIdx.y; row_tile < 1; row_tile += gridDim.y) {
   const float* a_ = b14 + b * 1000;
   const float* b_ = b7 + b * 51200;
   float* c_ = b17 + b * 5120;
-  flowc::gemm_tile<float, false, true>(10, 512, 0, 100, blockIdx.y * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
+  flowc::gemm_tile<float, false, true>(10, 512, 0, 100, row_tile * flowc::kGemmBM, blockIdx.x * flowc::kGemmBN,
       [=](int m, int k) { return a_[(int)k * 10 + m]; },
       [=](int k, int n) { return b_[(int)k * 512 + n]; },
       [=](int row, int column, float acc) {
@@ -191,6 +204,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_17_multiply_subtract(co
         const float v27 = (l1 - v26);
         b27[i] = v27;
       });
+  __syncthreads();      // the next tile of this block reuses the shared memory the epilogue read
+  }
 }
 
 // reduce_sum_15_multiply_subtract: %15 reduce_sum @mlp_train_demo.py:34, %28 multiply @mlp_train_demo.py:34, %29 subtract @mlp_train_demo.py:34
