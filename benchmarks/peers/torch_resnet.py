@@ -9,7 +9,9 @@ of each residual branch starting with gamma 0.  Training: cross-entropy with lab
 (PyTorch's smoothing is OneFlow-Benchmark's: 1 - eta + eta/K on the label, eta/K elsewhere), SGD
 with momentum and weight decay on every parameter (OneFlow's L2 regularizer adds `l2 * w` to the
 gradient, as `weight_decay` does), the learning rate set each step by the example's schedule (linear
-warmup from 0 over the first tenth of the steps, then cosine decay counted from step 0).  The modules
+warmup from 0 over the first tenth of the steps, then cosine decay counted from step 0; PyTorch's
+momentum buffer sums gradients where OneFlow's sums rate-scaled steps, so the two updates agree only
+while the rate is constant: the same work per step either way).  The modules
 carry the example's variable names (`convs["res2_0_branch2a"]`, `convs["conv1"]`, `fc1001`).
 
     step = build_train(RESNET_ZOO["resnet18"], images, labels, compiled=False); loss = step()
