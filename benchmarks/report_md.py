@@ -10,7 +10,7 @@ from benchmarks.machine import MachineLoad, machine_load_from_json
 from benchmarks.peers import LABELS
 from benchmarks.summary import REFERENCE_FRAMEWORK, Summary
 from benchmarks.targets import MARK, evaluate, not_judged, ratio_target
-from benchmarks.workloads import BATCH, RESNET_BATCH, STEP_WORKLOADS, WDL_BATCH
+from benchmarks.workloads import BATCH, RESNET_BATCH, RESNET_ZOO, STEP_WORKLOADS, WDL_BATCH
 
 NOT_MEASURED = "–"
 
@@ -77,7 +77,11 @@ def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
 
 def _preamble(summary: Summary, info: RunInfo) -> list[str]:
     threads = f"{info.threads} threads" if info.threads else "the same threads"
-    parts = [f"Batch {BATCH} (ResNet block: {RESNET_BATCH}; Wide&Deep: {WDL_BATCH}, 10^6-row tables), float32, "
+    parts = [f"Batch {BATCH} (ResNet block: {RESNET_BATCH}; Wide&Deep: {WDL_BATCH}, 10^6-row tables; "
+             + "; ".join(f"{STEP_WORKLOADS[w].title.split()[0]}: {RESNET_ZOO[m].batch_size} at "
+                         f"{RESNET_ZOO[m].image_size}x{RESNET_ZOO[m].image_size}"
+                         for w, m in (("resnet18_train", "resnet18"), ("resnet50_predict", "resnet50")))
+             + "), float32, "
              f"{threads} for every framework; "
              f"{summary.rounds} round(s), the frameworks alternating A B A B, each in its own process."]
     if info.machine:

@@ -66,6 +66,9 @@ RATIO_TARGETS = (
     RatioTarget("mlp_train", "torch_eager", 1.4),
     RatioTarget("resnet_block_train", "torch_eager", 1.1),
     RatioTarget("wide_and_deep_train", "torch_eager", 1.5, issue=15),   # 10^6-row tables, batch 512, sparse updates
+    RatioTarget("resnet18_train", "torch_eager", 1.1, issue=15),        # 32x32, batch 32
+    RatioTarget("resnet50_predict", "torch_eager", 1.0, issue=15),      # 224x224, batch 1: latency
+    RatioTarget("resnet50_predict", "torch_compile", 0.8, issue=15),
 )
 CEILING_TARGETS = (CeilingTarget("lenet_train", 0.85), CeilingTarget("mlp_predict", 0.95))
 OVERHEAD_TARGETS = (OverheadTarget("mlp_predict", 20e-6),)

@@ -1,5 +1,6 @@
-"""What every framework runs: the seed models' steps, a ResNet-18-style block and a Wide & Deep train
-step, their FLOP counts, and the batches they all use.
+"""What every framework runs: the seed models' steps, a ResNet-18-style block, the model zoo's
+ResNet-18 train and ResNet-50 predict steps and a Wide & Deep train step, their FLOP counts, and the
+batches they all use.
 
 FLOPs count 2 per multiply-add of the GEMMs and convolutions only (the elementwise work, the loss
 and the optimizer update are a few percent at most); that is the work a GEMM ceiling bounds, so
@@ -7,6 +8,7 @@ GFLOP/s against the measured sgemm ceiling is a fair roofline.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -60,6 +62,77 @@ WDL_DROPOUT = 0.5
 WDL_LEARNING_RATE = 1e-3
 
 
+# The model zoo's ResNets (issue 15): examples/models/resnet.py's "resnet18" (32x32, batch 32, train)
+# and "resnet50" (v1.5, 224x224, predict at batch 1) configs, stated here so that every framework
+# builds the same network (benchmarks/peers/flowc_resnet_models.py checks the example agrees).  A
+# 7x7 stride-2 stem + BN + ReLU, a 3x3 stride-2 max pool, four stages of basic (3x3, 3x3) or
+# bottleneck (1x1, 3x3 with the stride, 1x1) blocks with a 1x1 projection shortcut where the stride
+# or width changes, global average pooling, a dense classifier; convolutions without bias, "SAME"
+# padding; He-normal weights, the last BN of each branch starting at gamma 0.  Training: softmax
+# cross-entropy against labels smoothed by 0.1, L2 weight decay 1/32768 on every variable, momentum
+# SGD with a linear warmup then cosine decay over RESNET_ZOO_STEPS.
+@dataclass(frozen=True)
+class ResNetShape:
+    """The shape and training settings of one zoo ResNet; the field names are ResNetConfig's."""
+    block: str                            # "basic" or "bottleneck"
+    block_counts: tuple[int, ...]
+    block_filters: tuple[int, ...]
+    block_filters_inner: tuple[int, ...]  # bottleneck width (basic blocks: unused)
+    stem_filters: int
+    image_size: int
+    batch_size: int
+    num_classes: int
+    label_smoothing: float = 0.1
+    weight_decay: float = 1.0 / 32768
+    learning_rate: float = 0.256
+    momentum: float = 0.875
+
+
+RESNET_ZOO: dict[str, ResNetShape] = {
+    "resnet18": ResNetShape("basic", (2, 2, 2, 2), (64, 128, 256, 512), (64, 128, 256, 512), 64, 32, 32, 10,
+                            learning_rate=0.1),
+    "resnet50": ResNetShape("bottleneck", (3, 4, 6, 3), (256, 512, 1024, 2048), (64, 128, 256, 512), 64, 224, 1,
+                            1000),
+}
+RESNET_ZOO_STEPS = 10_000          # the schedule's length; the warmup is its first tenth
+RESNET_ZOO_IN = 3
+
+
+def resnet_zoo_convs(shape: ResNetShape) -> list[tuple[int, int, int, int, int, bool]]:
+    """Every convolution of `shape` in the order the network runs them, as (in channels, out
+    channels, kernel, stride, output height = width, needs the input gradient); "SAME" padding
+    makes each output ceil(input / stride).
+
+    Example:
+        resnet_zoo_convs(RESNET_ZOO["resnet18"])[0]  == (3, 64, 7, 2, 16, False)     # the stem
+    """
+    hw = math.ceil(shape.image_size / 2)
+    convs = [(RESNET_ZOO_IN, shape.stem_filters, 7, 2, hw, False)]
+    hw, c = math.ceil(hw / 2), shape.stem_filters             # the 3x3 stride-2 max pool
+    for i, (count, filters, inner) in enumerate(zip(shape.block_counts, shape.block_filters,
+                                                    shape.block_filters_inner)):
+        for j in range(count):
+            stride = 2 if i > 0 and j == 0 else 1
+            out = math.ceil(hw / stride)
+            if shape.block == "bottleneck":               # v1.5: the stride on the 3x3
+                convs += [(c, inner, 1, 1, hw, True), (inner, inner, 3, stride, out, True),
+                          (inner, filters, 1, 1, out, True)]
+            else:
+                convs += [(c, filters, 3, stride, out, True), (filters, filters, 3, 1, out, True)]
+            if stride != 1 or c != filters:
+                convs.append((c, filters, 1, stride, out, True))
+            c, hw = filters, out
+    return convs
+
+
+def resnet_zoo_flops(shape: ResNetShape, mode: str) -> int:
+    """The convolutions and the dense classifier of `shape` at its batch size (the stem's input is data)."""
+    b = shape.batch_size
+    total = sum(conv_flops(b, c_in, c_out, hw, kernel, mode, grad)
+                for c_in, c_out, kernel, _, hw, grad in resnet_zoo_convs(shape))
+    return total + dense_flops(b, shape.block_filters[-1], shape.num_classes, mode, needs_input_grad=True)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str      # e.g. "mlp_train"; the key every framework module and the report use
@@ -73,7 +146,8 @@ class Workload:
         return f"{MODEL_TITLES.get(self.model, self.model)} {self.mode}"
 
 
-MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block", "wide_and_deep": "Wide&Deep"}
+MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block", "wide_and_deep": "Wide&Deep",
+                "resnet18": "ResNet-18", "resnet50": "ResNet-50"}
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -126,8 +200,10 @@ def wide_and_deep_flops(mode: str, batch: int = WDL_BATCH) -> int:
 
 
 _FLOPS = {"mlp": mlp_flops, "lenet": lenet_flops, "resnet_block": resnet_block_flops,
-          "wide_and_deep": wide_and_deep_flops}
-_BATCHES = {"resnet_block": RESNET_BATCH, "wide_and_deep": WDL_BATCH}
+          "wide_and_deep": wide_and_deep_flops,
+          **{name: (lambda mode, shape=shape: resnet_zoo_flops(shape, mode)) for name, shape in RESNET_ZOO.items()}}
+_BATCHES = {"resnet_block": RESNET_BATCH, "wide_and_deep": WDL_BATCH,
+            **{name: shape.batch_size for name, shape in RESNET_ZOO.items()}}
 
 
 def _workload(model: str, mode: str) -> Workload:
@@ -138,9 +214,11 @@ STEP_WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     _workload("mlp", "train"), _workload("mlp", "predict"),
     _workload("lenet", "train"), _workload("lenet", "predict"),
     _workload("resnet_block", "train"), _workload("resnet_block", "predict"),
-    _workload("wide_and_deep", "train"))}
+    _workload("wide_and_deep", "train"),
+    _workload("resnet18", "train"), _workload("resnet50", "predict"))}
 
-# First-call latency is measured on the train jobs: they are the largest programs to compile.
+# First-call latency is measured on the seeds' train jobs: the zoo's ResNets are left out (a cold
+# torch.compile of ResNet-50 takes minutes on 2 cores; their compile times are the models' figures).
 LATENCY_WORKLOADS = ("mlp_train", "lenet_train")
 # Per-call overhead (call time minus the time inside the kernels): the MLP predict step is the shortest.
 OVERHEAD_WORKLOADS = ("mlp_predict",)
@@ -188,10 +266,24 @@ def wide_and_deep_batch() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np
     return (dense, wide, deep), labels.reshape(WDL_BATCH, 1)
 
 
+@lru_cache(maxsize=len(RESNET_ZOO))
+def resnet_zoo_batch(model: str) -> tuple[np.ndarray, np.ndarray]:
+    """The batch of zoo ResNet `model` ("resnet18", "resnet50"): standard-normal float32 NCHW images
+    at its size and batch, int32 labels below its class count, from a fixed seed."""
+    shape = RESNET_ZOO[model]
+    rng = np.random.default_rng(15)
+    s = shape.image_size
+    images = rng.standard_normal((shape.batch_size, RESNET_ZOO_IN, s, s), dtype=np.float32)
+    labels = rng.integers(0, shape.num_classes, shape.batch_size).astype(np.int32)
+    return images, labels
+
+
 def batch_for(workload: str) -> tuple:
     """The (images, labels) every framework's step of `workload` takes; for Wide & Deep, the
     "images" are the (dense, wide ids, deep ids) features."""
     model = STEP_WORKLOADS[workload].model
     if model == "wide_and_deep":
         return wide_and_deep_batch()
+    if model in RESNET_ZOO:
+        return resnet_zoo_batch(model)
     return resnet_batch() if model == "resnet_block" else batch()

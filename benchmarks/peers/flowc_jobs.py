@@ -49,6 +49,10 @@ def job(workload_name: str, table: dict[str, tuple[str, str]] = JOBS) -> Any:
     if table is JOBS and workload_name == "wide_and_deep_train":
         from benchmarks.peers.flowc_wide_and_deep import train_job    # the model zoo's example, at the bench's size
         return train_job()
+    if table is JOBS and workload_name in ("resnet18_train", "resnet50_predict"):
+        from benchmarks.peers.flowc_resnet_models import zoo_jobs    # the model zoo's example, at the bench's size
+        train_job, predict_job = zoo_jobs(workload_name.split("_")[0])
+        return train_job if workload_name.endswith("_train") else predict_job
     if table is JOBS and workload_name.startswith("resnet_block_"):
         from benchmarks.peers.flowc_resnet import block_jobs     # written for the benchmark: no seed has it
         train_job, predict_job = block_jobs()
@@ -75,8 +79,9 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
 
 
 def arguments(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
-    """What the job of `workload` takes: the seeds' jobs take both, the ResNet block's predict job images only,
-    Wide & Deep (labels, dense, wide ids, deep ids) (its "images" are the three feature arrays)."""
+    """What the job of `workload` takes: the seeds' and the zoo ResNets' jobs take both, the ResNet
+    block's predict job images only, Wide & Deep (labels, dense, wide ids, deep ids) (its "images" are
+    the three feature arrays)."""
     if workload.model == "resnet_block" and workload.mode == "predict":
         return (images,)
     if workload.model == "wide_and_deep":

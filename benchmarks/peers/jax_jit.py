@@ -18,7 +18,7 @@ from jax import lax
 from benchmarks.peers import NotApplicable, Step
 from benchmarks.workloads import (BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
                                   LENET_FLAT, LENET_KERNEL, MLP_HIDDEN, MLP_IN, RESNET_CONVS, RESNET_FEATURES,
-                                  RESNET_LEARNING_RATE, RESNET_MOMENTUM, Workload)
+                                  RESNET_LEARNING_RATE, RESNET_MOMENTUM, RESNET_ZOO, Workload)
 
 Params = dict[str, jax.Array]
 
@@ -188,6 +188,8 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
     if workload.model == "wide_and_deep":
         raise NotApplicable("jax.grad of a gather is a dense (10^6, 16) table: JAX has no sparse embedding "
                             "update to compare with this workload's")
+    if workload.model in RESNET_ZOO:
+        raise NotApplicable("no JAX model of the zoo's ResNet-18 / ResNet-50 is written: PyTorch is their peer")
     if workload.model == "resnet_block":
         return _build_resnet(workload, images, labels)
     if workload.mode == "train":
