@@ -115,6 +115,7 @@ def test_the_high_water_mark_resets_to_the_current_resident_set():
 
 @pytest.mark.slow
 def test_the_memory_script_measures_both_frameworks():
+    pytest.importorskip("torch", reason="memory.py compares with PyTorch, which the `bench` extra installs")
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "models" / "memory.py"), "dcgan:tiny"],
                           capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr[-2000:]
