@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import sys
 import types
 import warnings
 from functools import cache
@@ -36,8 +37,12 @@ ASYNC_JOBS: dict[str, tuple[str, str]] = {"mlp_train": ("seeds/async_single_job"
 
 @cache
 def load_example(name: str) -> types.ModuleType:
-    """Import examples/<name>.py without running its __main__ part."""
-    spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), EXAMPLES / f"{name}.py")
+    """Import examples/<name>.py without running its __main__ part (its folder goes on sys.path: the
+    model zoo's scripts import their neighbour progress.py)."""
+    path = EXAMPLES / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

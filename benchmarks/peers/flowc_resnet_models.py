@@ -8,26 +8,15 @@ train job and "resnet50" predict job, at the sizes benchmarks/workloads.py state
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import pathlib
-import sys
 import types
-from functools import cache
 from typing import Any
 
+from benchmarks.peers.flowc_jobs import load_example
 from benchmarks.workloads import RESNET_ZOO, RESNET_ZOO_STEPS, ResNetShape
 
-MODEL = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "resnet.py"
 
-
-@cache
 def _module() -> types.ModuleType:
-    sys.path.insert(0, str(MODEL.parent))        # the model imports its neighbour progress.py
-    spec = importlib.util.spec_from_file_location("bench_resnet_zoo", MODEL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("models/resnet")
 
 
 def zoo_config(model: str, shape: ResNetShape | None = None) -> Any:

@@ -3,28 +3,17 @@ whose sizes benchmarks/workloads.py states for every framework (`wide_and_deep_c
 that the two agree, so the peers cannot drift apart)."""
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import types
 from dataclasses import replace
-from functools import cache
 from typing import Any
 
+from benchmarks.peers.flowc_jobs import load_example
 from benchmarks.workloads import (WDL_BATCH, WDL_DEEP_FIELDS, WDL_DENSE_FIELDS, WDL_DIM, WDL_DROPOUT, WDL_HIDDEN,
                                   WDL_LEARNING_RATE, WDL_VOCAB, WDL_WIDE_FIELDS)
 
-MODEL = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "wide_and_deep.py"
 
-
-@cache
 def _module() -> types.ModuleType:
-    import sys
-    sys.path.insert(0, str(MODEL.parent))        # the model imports its neighbour progress.py
-    spec = importlib.util.spec_from_file_location("bench_wide_and_deep", MODEL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("models/wide_and_deep")
 
 
 def wide_and_deep_config(batch: int = WDL_BATCH) -> Any:
