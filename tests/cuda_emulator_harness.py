@@ -61,9 +61,14 @@ def runtime_dir() -> Path:
     source = RUNTIME.read_bytes()
     digest = hashlib.sha256(source + HEADER.read_bytes()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"flowc-emu-{os.getuid()}-{digest}"
+    # A shared temp folder: the library loaded from it must be ours alone (docs/security.md), so the
+    # folder is created private and refused when someone else owns it or can write into it.
+    folder.mkdir(mode=0o700, exist_ok=True)
+    info = folder.stat()
+    assert info.st_uid == os.getuid() and info.st_mode & 0o077 == 0, \
+        f"{folder} is not a private folder of this user: remove it"
     so = folder / "libflowc_emu.so"
     if not so.exists():
-        folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"libflowc_emu.{os.getpid()}.so"
         proc = subprocess.run(["g++", "-std=c++17", "-O2", "-g", "-shared", "-fPIC", str(RUNTIME), "-o", str(tmp)],
                               capture_output=True, text=True)
