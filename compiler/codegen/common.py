@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Final
 
 import numpy as np
 
+from flowc.compiler.codegen.pooling import pool_plan
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, c_literal, code, code_format, code_lines
 from flowc.compiler.ir import FLOAT_DTYPES, Graph, c_type, is_number
 from flowc.compiler.ops import OPS, OpRule
@@ -305,7 +306,7 @@ class KernelGenerator:
         (kh, kw), (sh, sw), (pt, _pb, pl, _pr) = a.attr("ksize"), a.attr("strides"), a.attr("pads")
         n, c, h, w = in_shape
         return dict(planes=n * c, H=h, W=w, OH=out_shape[2], OW=out_shape[3], KH=kh, KW=kw, sh=sh, sw=sw,
-                    pt=pt, pl=pl)
+                    pt=pt, pl=pl, **pool_plan(h, w, out_shape[2], out_shape[3], (kh, kw), (sh, sw), pt, pl))
 
     def window_context(self, k: Kernel, a, params: Params) -> dict:
         """The template context every backend's window kernel starts from: names and geometry."""

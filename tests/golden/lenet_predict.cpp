@@ -87,24 +87,41 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
 
 // max_pool2d_8: %8 max_pool2d @synchronize_batch_job.py:23
 FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-#pragma omp parallel for schedule(static) if(2508800 >= 262144)
-  for (int64_t plane = 0; plane < 3200; ++plane) {
-    const float* xp = x + plane * 784;
-    float* yp = y + plane * 196;
-    for (int64_t oh = 0; oh < 14; ++oh)
-      for (int64_t ow = 0; ow < 14; ++ow) {
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 28) continue;
-          for (int64_t j = 0; j < 2; ++j) {
-            const int64_t iw = ow * 2 - 0 + j;
-            if (iw < 0 || iw >= 28) continue;
-            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
-          }
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < 44800; ++row) {
+    const int64_t plane = row / 14, top = row % 14 * 2 - 0;
+    const float* FLOWC_RESTRICT xp = x + plane * 784;
+    float* FLOWC_RESTRICT yr = y + row * 14;
+    // The window's rows inside the input: [i0, i1).
+    const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 28 - top);
+    if (i0 == 0 && i1 == 2) {
+      const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 28;
+      const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 28;
+      for (int64_t k = 0; k < 14; k += 8) {
+        const int64_t s = std::min<int64_t>(k, 6);   // the last block overlaps the one before
+#pragma omp simd
+        for (int64_t ow = s; ow < s + 8; ++ow) {
+        const float v0 = x0[ow * 2 + 0];
+        const float v1 = x0[ow * 2 + 1];
+        const float v2 = x1[ow * 2 + 0];
+        const float v3 = x1[ow * 2 + 1];
+        const bool nan = __builtin_isunordered(v0, v1) | __builtin_isunordered(v2, v3);
+        const float v4 = v0 > v1 ? v0 : v1;
+        const float v5 = v2 > v3 ? v2 : v3;
+        const float v6 = v4 > v5 ? v4 : v5;
+        yr[ow] = nan ? std::numeric_limits<float>::quiet_NaN() : v6;
         }
-        yp[oh * 14 + ow] = best;
       }
+      continue;
+    }
+    for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = -std::numeric_limits<float>::infinity();
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* FLOWC_RESTRICT xr = xp + (top + i) * 28;
+#pragma omp simd
+      for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 0]);
+#pragma omp simd
+      for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 1]);
+    }
   }
 }
 
@@ -161,24 +178,41 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
 
 // max_pool2d_15: %15 max_pool2d @synchronize_batch_job.py:33
 FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-#pragma omp parallel for schedule(static) if(1254400 >= 262144)
-  for (int64_t plane = 0; plane < 6400; ++plane) {
-    const float* xp = x + plane * 196;
-    float* yp = y + plane * 49;
-    for (int64_t oh = 0; oh < 7; ++oh)
-      for (int64_t ow = 0; ow < 7; ++ow) {
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 14) continue;
-          for (int64_t j = 0; j < 2; ++j) {
-            const int64_t iw = ow * 2 - 0 + j;
-            if (iw < 0 || iw >= 14) continue;
-            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
-          }
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < 44800; ++row) {
+    const int64_t plane = row / 7, top = row % 7 * 2 - 0;
+    const float* FLOWC_RESTRICT xp = x + plane * 196;
+    float* FLOWC_RESTRICT yr = y + row * 7;
+    // The window's rows inside the input: [i0, i1).
+    const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 14 - top);
+    if (i0 == 0 && i1 == 2) {
+      const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 14;
+      const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 14;
+      for (int64_t k = 0; k < 7; k += 4) {
+        const int64_t s = std::min<int64_t>(k, 3);   // the last block overlaps the one before
+#pragma omp simd
+        for (int64_t ow = s; ow < s + 4; ++ow) {
+        const float v0 = x0[ow * 2 + 0];
+        const float v1 = x0[ow * 2 + 1];
+        const float v2 = x1[ow * 2 + 0];
+        const float v3 = x1[ow * 2 + 1];
+        const bool nan = __builtin_isunordered(v0, v1) | __builtin_isunordered(v2, v3);
+        const float v4 = v0 > v1 ? v0 : v1;
+        const float v5 = v2 > v3 ? v2 : v3;
+        const float v6 = v4 > v5 ? v4 : v5;
+        yr[ow] = nan ? std::numeric_limits<float>::quiet_NaN() : v6;
         }
-        yp[oh * 7 + ow] = best;
       }
+      continue;
+    }
+    for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = -std::numeric_limits<float>::infinity();
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* FLOWC_RESTRICT xr = xp + (top + i) * 14;
+#pragma omp simd
+      for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 0]);
+#pragma omp simd
+      for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 1]);
+    }
   }
 }
 

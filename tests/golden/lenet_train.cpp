@@ -90,24 +90,41 @@ FLOWC_KERNEL void conv2d_3_add_relu(const float* FLOWC_RESTRICT b0, const float*
 
 // max_pool2d_8: %8 max_pool2d @synchronize_single_job.py:21
 FLOWC_KERNEL void max_pool2d_8(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-#pragma omp parallel for schedule(static) if(2508800 >= 262144)
-  for (int64_t plane = 0; plane < 3200; ++plane) {
-    const float* xp = x + plane * 784;
-    float* yp = y + plane * 196;
-    for (int64_t oh = 0; oh < 14; ++oh)
-      for (int64_t ow = 0; ow < 14; ++ow) {
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 28) continue;
-          for (int64_t j = 0; j < 2; ++j) {
-            const int64_t iw = ow * 2 - 0 + j;
-            if (iw < 0 || iw >= 28) continue;
-            best = flowc::maximum(best, xp[ih * 28 + iw]);   // a NaN propagates
-          }
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < 44800; ++row) {
+    const int64_t plane = row / 14, top = row % 14 * 2 - 0;
+    const float* FLOWC_RESTRICT xp = x + plane * 784;
+    float* FLOWC_RESTRICT yr = y + row * 14;
+    // The window's rows inside the input: [i0, i1).
+    const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 28 - top);
+    if (i0 == 0 && i1 == 2) {
+      const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 28;
+      const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 28;
+      for (int64_t k = 0; k < 14; k += 8) {
+        const int64_t s = std::min<int64_t>(k, 6);   // the last block overlaps the one before
+#pragma omp simd
+        for (int64_t ow = s; ow < s + 8; ++ow) {
+        const float v0 = x0[ow * 2 + 0];
+        const float v1 = x0[ow * 2 + 1];
+        const float v2 = x1[ow * 2 + 0];
+        const float v3 = x1[ow * 2 + 1];
+        const bool nan = __builtin_isunordered(v0, v1) | __builtin_isunordered(v2, v3);
+        const float v4 = v0 > v1 ? v0 : v1;
+        const float v5 = v2 > v3 ? v2 : v3;
+        const float v6 = v4 > v5 ? v4 : v5;
+        yr[ow] = nan ? std::numeric_limits<float>::quiet_NaN() : v6;
         }
-        yp[oh * 14 + ow] = best;
       }
+      continue;
+    }
+    for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = -std::numeric_limits<float>::infinity();
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* FLOWC_RESTRICT xr = xp + (top + i) * 28;
+#pragma omp simd
+      for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 0]);
+#pragma omp simd
+      for (int64_t ow = 0; ow < 14; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 1]);
+    }
   }
 }
 
@@ -164,24 +181,41 @@ FLOWC_KERNEL void conv2d_10_add_relu(const float* FLOWC_RESTRICT b8, const float
 
 // max_pool2d_15: %15 max_pool2d @synchronize_single_job.py:31
 FLOWC_KERNEL void max_pool2d_15(const float* FLOWC_RESTRICT x, float* FLOWC_RESTRICT y) {
-#pragma omp parallel for schedule(static) if(1254400 >= 262144)
-  for (int64_t plane = 0; plane < 6400; ++plane) {
-    const float* xp = x + plane * 196;
-    float* yp = y + plane * 49;
-    for (int64_t oh = 0; oh < 7; ++oh)
-      for (int64_t ow = 0; ow < 7; ++ow) {
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 14) continue;
-          for (int64_t j = 0; j < 2; ++j) {
-            const int64_t iw = ow * 2 - 0 + j;
-            if (iw < 0 || iw >= 14) continue;
-            best = flowc::maximum(best, xp[ih * 14 + iw]);   // a NaN propagates
-          }
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < 44800; ++row) {
+    const int64_t plane = row / 7, top = row % 7 * 2 - 0;
+    const float* FLOWC_RESTRICT xp = x + plane * 196;
+    float* FLOWC_RESTRICT yr = y + row * 7;
+    // The window's rows inside the input: [i0, i1).
+    const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 14 - top);
+    if (i0 == 0 && i1 == 2) {
+      const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 14;
+      const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 14;
+      for (int64_t k = 0; k < 7; k += 4) {
+        const int64_t s = std::min<int64_t>(k, 3);   // the last block overlaps the one before
+#pragma omp simd
+        for (int64_t ow = s; ow < s + 4; ++ow) {
+        const float v0 = x0[ow * 2 + 0];
+        const float v1 = x0[ow * 2 + 1];
+        const float v2 = x1[ow * 2 + 0];
+        const float v3 = x1[ow * 2 + 1];
+        const bool nan = __builtin_isunordered(v0, v1) | __builtin_isunordered(v2, v3);
+        const float v4 = v0 > v1 ? v0 : v1;
+        const float v5 = v2 > v3 ? v2 : v3;
+        const float v6 = v4 > v5 ? v4 : v5;
+        yr[ow] = nan ? std::numeric_limits<float>::quiet_NaN() : v6;
         }
-        yp[oh * 7 + ow] = best;
       }
+      continue;
+    }
+    for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = -std::numeric_limits<float>::infinity();
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* FLOWC_RESTRICT xr = xp + (top + i) * 14;
+#pragma omp simd
+      for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 0]);
+#pragma omp simd
+      for (int64_t ow = 0; ow < 7; ++ow) yr[ow] = flowc::maximum(yr[ow], xr[ow * 2 + 1]);
+    }
   }
 }
 
@@ -293,29 +327,68 @@ FLOWC_KERNEL void matmul_38(const float* FLOWC_RESTRICT b36, const float* FLOWC_
 
 // max_pool2d_grad_41: %41 max_pool2d_grad @synchronize_single_job.py:31
 FLOWC_KERNEL void max_pool2d_grad_41(const float* FLOWC_RESTRICT x, const float* FLOWC_RESTRICT dy, float* FLOWC_RESTRICT dx) {
-#pragma omp parallel for schedule(static) if(1254400 >= 262144)
+#pragma omp parallel for schedule(static)
   for (int64_t plane = 0; plane < 6400; ++plane) {
-    float* dxp = dx + plane * 196;
-    const float* dyp = dy + plane * 49;
-    const float* xp = x + plane * 196;
+    float* FLOWC_RESTRICT dxp = dx + plane * 196;
+    const float* FLOWC_RESTRICT dyp = dy + plane * 49;
+    const float* FLOWC_RESTRICT xp = x + plane * 196;
     std::memset(dxp, 0, sizeof(float) * 196);
-    for (int64_t oh = 0; oh < 7; ++oh)
-      for (int64_t ow = 0; ow < 7; ++ow) {
-        const float g = dyp[oh * 7 + ow];
+    for (int64_t oh = 0; oh < 7; ++oh) {
+      const int64_t top = oh * 2 - 0;
+      const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 14 - top);
+      const float* FLOWC_RESTRICT dyr = dyp + oh * 7;
+      // Send dy of output column ow to the first maximum of its window, testing bounds per tap.
+      const auto search = [&](int64_t ow) {
         int64_t best_at = -1;
         float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 14) continue;
+        for (int64_t i = i0; i < i1; ++i)
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 14) continue;
-            const float v = xp[ih * 14 + iw];
-            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 14 + iw; }
+            const float v = xp[(top + i) * 14 + iw];
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = (top + i) * 14 + iw; }
+          }
+        if (best_at >= 0) dxp[best_at] += dyr[ow];
+      };
+      if (i0 == 0 && i1 == 2) {
+        const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 14;
+        const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 14;
+        {  // one chunk: its bounds constants, which the vectoriser needs to size short rows' loops
+          constexpr int64_t b = 0, e = 7;
+          int32_t winner[256];   // where each column's first maximum is, from (top, ow * 2)
+          float finite = 0;   // 0, or NaN when a tap of the chunk is NaN or infinite
+          for (int64_t k = b; k < e; k += 4) {   // blocks of a fixed width: pooling.vector_block
+          const int64_t s = std::min<int64_t>(k, e - 4);   // the last block overlaps the one before
+#pragma omp simd reduction(+:finite)
+          for (int64_t ow = s; ow < s + 4; ++ow) {
+            const float v0 = x0[ow * 2 + 0];
+            const float v1 = x0[ow * 2 + 1];
+            const float v2 = x1[ow * 2 + 0];
+            const float v3 = x1[ow * 2 + 1];
+            const float v4 = v0 > v1 ? v0 : v1;
+            const float v5 = v2 > v3 ? v2 : v3;
+            const float v6 = v4 > v5 ? v4 : v5;
+            const float m = v6;
+            int32_t at = 0;
+            at = v3 == m ? 15 : at;
+            at = v2 == m ? 14 : at;
+            at = v1 == m ? 1 : at;
+            at = v0 == m ? 0 : at;
+            winner[ow - b] = at;
+            const float sum = v0 + v1 + v2 + v3;
+            finite += sum - sum;
+          }
+          }
+          if (finite == 0) {
+            for (int64_t ow = b; ow < e; ++ow) dxp[top * 14 + ow * 2 + winner[ow - b]] += dyr[ow];
+          } else {
+            for (int64_t ow = b; ow < e; ++ow) search(ow);
           }
         }
-        if (best_at >= 0) dxp[best_at] += g;
+        continue;
       }
+      for (int64_t ow = 0; ow < 7; ++ow) search(ow);
+    }
   }
 }
 
@@ -507,29 +580,68 @@ FLOWC_KERNEL void conv2d_grad_filter_47(const float* FLOWC_RESTRICT b8, const fl
 
 // max_pool2d_grad_48: %48 max_pool2d_grad @synchronize_single_job.py:21
 FLOWC_KERNEL void max_pool2d_grad_48(const float* FLOWC_RESTRICT x, const float* FLOWC_RESTRICT dy, float* FLOWC_RESTRICT dx) {
-#pragma omp parallel for schedule(static) if(2508800 >= 262144)
+#pragma omp parallel for schedule(static)
   for (int64_t plane = 0; plane < 3200; ++plane) {
-    float* dxp = dx + plane * 784;
-    const float* dyp = dy + plane * 196;
-    const float* xp = x + plane * 784;
+    float* FLOWC_RESTRICT dxp = dx + plane * 784;
+    const float* FLOWC_RESTRICT dyp = dy + plane * 196;
+    const float* FLOWC_RESTRICT xp = x + plane * 784;
     std::memset(dxp, 0, sizeof(float) * 784);
-    for (int64_t oh = 0; oh < 14; ++oh)
-      for (int64_t ow = 0; ow < 14; ++ow) {
-        const float g = dyp[oh * 14 + ow];
+    for (int64_t oh = 0; oh < 14; ++oh) {
+      const int64_t top = oh * 2 - 0;
+      const int64_t i0 = top < 0 ? -top : 0, i1 = std::min<int64_t>(2, 28 - top);
+      const float* FLOWC_RESTRICT dyr = dyp + oh * 14;
+      // Send dy of output column ow to the first maximum of its window, testing bounds per tap.
+      const auto search = [&](int64_t ow) {
         int64_t best_at = -1;
         float best = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < 2; ++i) {
-          const int64_t ih = oh * 2 - 0 + i;
-          if (ih < 0 || ih >= 28) continue;
+        for (int64_t i = i0; i < i1; ++i)
           for (int64_t j = 0; j < 2; ++j) {
             const int64_t iw = ow * 2 - 0 + j;
             if (iw < 0 || iw >= 28) continue;
-            const float v = xp[ih * 28 + iw];
-            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = ih * 28 + iw; }
+            const float v = xp[(top + i) * 28 + iw];
+            if (best_at < 0 || flowc::beats(v, best)) { best = v; best_at = (top + i) * 28 + iw; }
+          }
+        if (best_at >= 0) dxp[best_at] += dyr[ow];
+      };
+      if (i0 == 0 && i1 == 2) {
+        const float* FLOWC_RESTRICT x0 = xp + (top + 0) * 28;
+        const float* FLOWC_RESTRICT x1 = xp + (top + 1) * 28;
+        {  // one chunk: its bounds constants, which the vectoriser needs to size short rows' loops
+          constexpr int64_t b = 0, e = 14;
+          int32_t winner[256];   // where each column's first maximum is, from (top, ow * 2)
+          float finite = 0;   // 0, or NaN when a tap of the chunk is NaN or infinite
+          for (int64_t k = b; k < e; k += 8) {   // blocks of a fixed width: pooling.vector_block
+          const int64_t s = std::min<int64_t>(k, e - 8);   // the last block overlaps the one before
+#pragma omp simd reduction(+:finite)
+          for (int64_t ow = s; ow < s + 8; ++ow) {
+            const float v0 = x0[ow * 2 + 0];
+            const float v1 = x0[ow * 2 + 1];
+            const float v2 = x1[ow * 2 + 0];
+            const float v3 = x1[ow * 2 + 1];
+            const float v4 = v0 > v1 ? v0 : v1;
+            const float v5 = v2 > v3 ? v2 : v3;
+            const float v6 = v4 > v5 ? v4 : v5;
+            const float m = v6;
+            int32_t at = 0;
+            at = v3 == m ? 29 : at;
+            at = v2 == m ? 28 : at;
+            at = v1 == m ? 1 : at;
+            at = v0 == m ? 0 : at;
+            winner[ow - b] = at;
+            const float sum = v0 + v1 + v2 + v3;
+            finite += sum - sum;
+          }
+          }
+          if (finite == 0) {
+            for (int64_t ow = b; ow < e; ++ow) dxp[top * 28 + ow * 2 + winner[ow - b]] += dyr[ow];
+          } else {
+            for (int64_t ow = b; ow < e; ++ow) search(ow);
           }
         }
-        if (best_at >= 0) dxp[best_at] += g;
+        continue;
       }
+      for (int64_t ow = 0; ow < 14; ++ow) search(ow);
+    }
   }
 }
 
