@@ -5,6 +5,11 @@ and finite differences.
   exponentials in vector lanes, each e^(x - max) computed once and scaled in dx.  Loss alone, loss
   and gradient fused, rows wider than a vector, a case big enough for the OpenMP loop (BERT's masked-LM
   head is 160 rows of 30522), float64, NaN and infinities, labels at the first and last column.
+* gelu and its gradient (flowc::gelu / gelu_grad in codegen_templates/cpu/flowc_runtime.h): a
+  vectorised erf (within 4.5e-7 of erf), in pointwise loops and in GEMM epilogues, over the whole
+  float range, NaN and infinities.
+* flowc::exp_nonpositive (softmax, the loss above, gelu's gradient), now vectorised: softmax rows
+  spread over the whole range of e^x down to its underflow cut-off.
 """
 from __future__ import annotations
 
@@ -93,3 +98,55 @@ def test_xent_label_out_of_range_is_an_error_naming_the_op():
     fn, inputs = _xent(_logits(4, 10), np.array([0, 3, 10, 1], np.int32))
     with pytest.raises(Exception, match="(?i)label|range|sparse_softmax_cross_entropy"):
         compile_case(fn, inputs)
+
+
+# --- gelu ------------------------------------------------------------------------------------------------
+
+def _gelu_inputs(dtype=np.float32) -> np.ndarray:
+    x = np.concatenate([np.linspace(-9, 9, 361), [0.0, -0.0, 1e-30, -1e-30, 3.9999, 4.0, 4.0001, -4.0, 40.0, -40.0,
+                                                  3e38, -3e38]])
+    return x.reshape(1, -1).repeat(3, 0).astype(dtype) * np.array([[1.0], [0.5], [-0.25]], dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_and_its_gradient_match_the_reference_over_the_range(dtype):
+    case = compile_case(lambda a: flow.math.gelu(a), [_gelu_inputs(dtype)])
+    _assert_close(case.compiled, case.reference, rtol=1e-5, atol=1.5e-6)
+
+
+def test_gelu_gradient_matches_finite_differences():
+    x = np.linspace(-5, 5, 23).reshape(1, -1)
+    finite_difference_check(lambda a: flow.math.gelu(a), [x], rtol=1e-5, atol=1e-7)
+
+
+def test_gelu_nan_and_infinities_are_the_references():
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, -2.0]], np.float32)
+    with np.errstate(all="ignore"):
+        case = compile_case(lambda a: flow.math.gelu(a), [x])
+    for got, want in zip(case.compiled, case.reference):
+        assert np.array_equal(np.isnan(got), np.isnan(want)), (got, want)
+        finite = np.isfinite(want)
+        assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1.5e-6)
+    assert np.isnan(case.compiled[0][0, 0]) and case.compiled[0][0, 1] == np.inf
+
+
+def test_bias_and_gelu_in_the_gemm_epilogue_match_the_reference():
+    """BERT's intermediate layer: gelu(x W + b) forward and backward, where the GEMM writes gelu
+    (and, for the gradient, gelu_grad) in its epilogue."""
+    x = (rng.standard_normal((37, 48)) * 1.5).astype(np.float32)
+    w = (rng.standard_normal((48, 70)) * 0.4).astype(np.float32)
+    b = rng.standard_normal(70).astype(np.float32)
+    case = compile_case(lambda a, m, c: flow.math.gelu(flow.nn.bias_add(flow.matmul(a, m), c)), [x, w, b])
+    assert case.grad_inputs == [0, 1, 2]
+    _assert_close(case.compiled, case.reference, rtol=1e-4, atol=2e-5)
+
+
+# --- exp_nonpositive through softmax ----------------------------------------------------------------------
+
+def test_softmax_rows_spread_down_to_exps_underflow_match_the_reference():
+    cols = 203
+    x = np.stack([np.linspace(-88.0, 0.0, cols), np.linspace(-200.0, 1.0, cols), np.linspace(-1.0, 1.0, cols),
+                  np.full(cols, -3.0), rng.standard_normal(cols) * 20.0]).astype(np.float32)
+    case = compile_case(lambda a: flow.nn.softmax(a), [x])
+    _assert_close(case.compiled, case.reference, rtol=2e-5, atol=1e-7)
