@@ -10,7 +10,7 @@ from benchmarks.machine import MachineLoad, machine_load_from_json
 from benchmarks.peers import LABELS
 from benchmarks.summary import REFERENCE_FRAMEWORK, Summary
 from benchmarks.targets import MARK, evaluate, not_judged, ratio_target
-from benchmarks.workloads import BATCH, RESNET_BATCH, RESNET_ZOO, STEP_WORKLOADS, WDL_BATCH
+from benchmarks.workloads import BATCH, BERT_ZOO, RESNET_BATCH, RESNET_ZOO, STEP_WORKLOADS, WDL_BATCH
 
 NOT_MEASURED = "–"
 
@@ -81,6 +81,9 @@ def _preamble(summary: Summary, info: RunInfo) -> list[str]:
              + "; ".join(f"{STEP_WORKLOADS[w].title.split()[0]}: {RESNET_ZOO[m].batch_size} at "
                          f"{RESNET_ZOO[m].image_size}x{RESNET_ZOO[m].image_size}"
                          for w, m in (("resnet18_train", "resnet18"), ("resnet50_predict", "resnet50")))
+             + "; BERT small: batch "
+             + f"{BERT_ZOO['bert_small'].batch_size} x seq {BERT_ZOO['bert_small'].seq_length}, hidden "
+             + f"{BERT_ZOO['bert_small'].hidden_size}, {BERT_ZOO['bert_small'].num_hidden_layers} layers"
              + "), float32, "
              f"{threads} for every framework; "
              f"{summary.rounds} round(s), the frameworks alternating A B A B, each in its own process."]

@@ -69,6 +69,9 @@ RATIO_TARGETS = (
     RatioTarget("resnet18_train", "torch_eager", 1.1, issue=15),        # 32x32, batch 32
     RatioTarget("resnet50_predict", "torch_eager", 1.0, issue=15),      # 224x224, batch 1: latency
     RatioTarget("resnet50_predict", "torch_compile", 0.8, issue=15),
+    RatioTarget("bert_small_train", "torch_eager", 1.2, issue=15),      # batch 8, seq 128, hidden 256, 4 layers
+    RatioTarget("bert_small_train", "torch_compile", 1.0, issue=15),
+    RatioTarget("bert_small_predict", "torch_eager", 1.2, issue=15),
 )
 CEILING_TARGETS = (CeilingTarget("lenet_train", 0.85), CeilingTarget("mlp_predict", 0.95))
 OVERHEAD_TARGETS = (OverheadTarget("mlp_predict", 20e-6),)

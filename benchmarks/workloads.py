@@ -1,6 +1,6 @@
 """What every framework runs: the seed models' steps, a ResNet-18-style block, the model zoo's
-ResNet-18 train and ResNet-50 predict steps and a Wide & Deep train step, their FLOP counts, and the
-batches they all use.
+ResNet-18 train and ResNet-50 predict steps, a Wide & Deep train step and BERT small's train and
+predict steps, their FLOP counts, and the batches they all use.
 
 FLOPs count 2 per multiply-add of the GEMMs and convolutions only (the elementwise work, the loss
 and the optimizer update are a few percent at most); that is the work a GEMM ceiling bounds, so
@@ -133,10 +133,69 @@ def resnet_zoo_flops(shape: ResNetShape, mode: str) -> int:
     return total + dense_flops(b, shape.block_filters[-1], shape.num_classes, mode, needs_input_grad=True)
 
 
+# BERT small (issue 15): examples/models/bert.py's "small" config, pretraining (masked LM + next
+# sentence) on the example's synthetic batch (its `synthetic_batch`, seed 0).  Embeddings (word,
+# token-type, position) + layer_norm + dropout 0.1; 4 encoder layers of 4 heads (Q/K/V dense, scores
+# Q K^T / sqrt(d) + the additive mask, softmax, dropout, P V, output dense, residual + layer_norm, gelu
+# FFN 256 -> 1024 -> 256, residual + layer_norm); the masked-LM head (20 positions per sequence, dense +
+# gelu + layer_norm, logits against the word table (tied), weighted cross-entropy) and the next-sentence
+# head.  Train: AdamW (lr 1e-3, epsilon 1e-6, weight decay 0.01 except biases and layer norms), the
+# rate a linear warmup from 0 over the first tenth of BERT_STEPS then polynomial (power 1) decay to 0,
+# global-norm clipping at 1.  Predict: both heads' logits to host (dropout off).
+@dataclass(frozen=True)
+class BertShape:
+    """The sizes of one BERT; the field names are examples/models/bert.py's BertConfig's."""
+    vocab_size: int
+    seq_length: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    batch_size: int
+    max_predictions_per_seq: int = 20
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+
+
+BERT_ZOO: dict[str, BertShape] = {
+    "bert_small": BertShape(vocab_size=30522, seq_length=128, hidden_size=256, num_hidden_layers=4,
+                            num_attention_heads=4, intermediate_size=1024, batch_size=8),
+}
+BERT_STEPS = 10_000                # the schedule's length; the warmup is its first tenth
+BERT_LEARNING_RATE = 1e-3
+BERT_WEIGHT_DECAY = 0.01
+BERT_EPSILON = 1e-6                # AdamW's
+BERT_CLIP_NORM = 1.0
+
+
+def bert_flops(shape: BertShape, mode: str) -> int:
+    """The dense layers, the attention's two batched products and the heads of `shape` at its batch.
+    In training every product also has both gradients: each layer's input descends from the trainable
+    embeddings, and the masked-LM logits' right side is the (tied) word table.
+
+    Example:
+        bert_flops(BERT_ZOO["bert_small"], "predict") / 1e9      # about 9.5
+    """
+    b, s, h = shape.batch_size, shape.seq_length, shape.hidden_size
+    rows, picked = b * s, b * shape.max_predictions_per_seq
+    size = h // shape.num_attention_heads
+    per_layer = (4 * dense_flops(rows, h, h, mode, needs_input_grad=True)           # Q, K, V, attention output
+                 + dense_flops(rows, h, shape.intermediate_size, mode, needs_input_grad=True)
+                 + dense_flops(rows, shape.intermediate_size, h, mode, needs_input_grad=True)
+                 # scores (S x size x S) and context (S x S x size) per head, both sides trainable
+                 + 2 * b * shape.num_attention_heads * dense_flops(s, size, s, mode, needs_input_grad=True))
+    heads = (dense_flops(picked, h, h, mode, needs_input_grad=True)                # the MLM transform
+             + dense_flops(picked, h, shape.vocab_size, mode, needs_input_grad=True)  # logits vs the word table
+             + dense_flops(b, h, h, mode, needs_input_grad=True)                   # the pooler
+             + dense_flops(b, h, 2, mode, needs_input_grad=True))                  # next sentence
+    return shape.num_hidden_layers * per_layer + heads
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str      # e.g. "mlp_train"; the key every framework module and the report use
-    model: str     # "mlp", "lenet", "resnet_block" or "wide_and_deep"
+    model: str     # "mlp", "lenet", "resnet_block", "wide_and_deep", a RESNET_ZOO or a BERT_ZOO key
     mode: str      # "train" (forward, backward, SGD update, loss to host) or "predict" (logits to host)
     gflop: float   # per step
     batch: int = BATCH
@@ -147,7 +206,7 @@ class Workload:
 
 
 MODEL_TITLES = {"mlp": "MLP", "lenet": "LeNet", "resnet_block": "ResNet block", "wide_and_deep": "Wide&Deep",
-                "resnet18": "ResNet-18", "resnet50": "ResNet-50"}
+                "resnet18": "ResNet-18", "resnet50": "ResNet-50", "bert_small": "BERT small"}
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -201,9 +260,11 @@ def wide_and_deep_flops(mode: str, batch: int = WDL_BATCH) -> int:
 
 _FLOPS = {"mlp": mlp_flops, "lenet": lenet_flops, "resnet_block": resnet_block_flops,
           "wide_and_deep": wide_and_deep_flops,
-          **{name: (lambda mode, shape=shape: resnet_zoo_flops(shape, mode)) for name, shape in RESNET_ZOO.items()}}
+          **{name: (lambda mode, shape=shape: resnet_zoo_flops(shape, mode)) for name, shape in RESNET_ZOO.items()},
+          **{name: (lambda mode, shape=shape: bert_flops(shape, mode)) for name, shape in BERT_ZOO.items()}}
 _BATCHES = {"resnet_block": RESNET_BATCH, "wide_and_deep": WDL_BATCH,
-            **{name: shape.batch_size for name, shape in RESNET_ZOO.items()}}
+            **{name: shape.batch_size for name, shape in RESNET_ZOO.items()},
+            **{name: shape.batch_size for name, shape in BERT_ZOO.items()}}
 
 
 def _workload(model: str, mode: str) -> Workload:
@@ -215,7 +276,8 @@ STEP_WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     _workload("lenet", "train"), _workload("lenet", "predict"),
     _workload("resnet_block", "train"), _workload("resnet_block", "predict"),
     _workload("wide_and_deep", "train"),
-    _workload("resnet18", "train"), _workload("resnet50", "predict"))}
+    _workload("resnet18", "train"), _workload("resnet50", "predict"),
+    _workload("bert_small", "train"), _workload("bert_small", "predict"))}
 
 # First-call latency is measured on the seeds' train jobs: the zoo's ResNets are left out (a cold
 # torch.compile of ResNet-50 takes minutes on 2 cores; their compile times are the models' figures).
@@ -278,10 +340,28 @@ def resnet_zoo_batch(model: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+@lru_cache(maxsize=len(BERT_ZOO))
+def bert_batch(model: str) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """The batch of BERT `model` ("bert_small"), made by examples/models/bert.py's own
+    `synthetic_batch` (NumPy only) at the workload's sizes, seed 0: ((input_ids, input_mask,
+    token_type_ids, masked_lm_positions) int32 (B, S) / (B, P), (masked_lm_ids int32 (B, P),
+    masked_lm_weights float32 (B, P), next_sentence_labels int32 (B,))).
+
+    Example:
+        (ids, mask, types, positions), (lm_ids, lm_weights, ns_labels) = bert_batch("bert_small")
+    """
+    from benchmarks.peers.flowc_bert import example_module, shape_config    # imports flow, not its runtime
+    arrays = example_module().synthetic_batch(shape_config(BERT_ZOO[model]), seed=0)
+    return tuple(arrays[:4]), tuple(arrays[4:])
+
+
 def batch_for(workload: str) -> tuple:
     """The (images, labels) every framework's step of `workload` takes; for Wide & Deep, the
-    "images" are the (dense, wide ids, deep ids) features."""
+    "images" are the (dense, wide ids, deep ids) features; for BERT, (the four input arrays, the
+    three target arrays) (`bert_batch`)."""
     model = STEP_WORKLOADS[workload].model
+    if model in BERT_ZOO:
+        return bert_batch(model)
     if model == "wide_and_deep":
         return wide_and_deep_batch()
     if model in RESNET_ZOO:

@@ -60,7 +60,11 @@ CORE_PLACEHOLDER = "$CORE"
 # How often a build in parts looks at its compilers (and updates its progress line).
 PROGRESS_POLL_S = 0.1
 
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+# -fno-math-errno: no generated code reads errno, and while a math call may set it GCC keeps every
+# loop with a std::sqrt scalar (a branch to libm's sqrtf for negative inputs): the Adam/AdamW/LAMB
+# updates were.  Results are unchanged (sqrtps gives NaN where sqrtf does); -ffast-math and its
+# finite-math parts stay off (tests/test_special_values.py).
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
 
 
 def find_compiler() -> list[str]:

@@ -20,7 +20,7 @@ import numpy as np
 import flow
 import flow.typing as tp
 from benchmarks.peers import NotApplicable, Step
-from benchmarks.workloads import Workload
+from benchmarks.workloads import BERT_ZOO, Workload
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -58,6 +58,10 @@ def job(workload_name: str, table: dict[str, tuple[str, str]] = JOBS) -> Any:
         from benchmarks.peers.flowc_resnet_models import zoo_jobs    # the model zoo's example, at the bench's size
         train_job, predict_job = zoo_jobs(workload_name.split("_")[0])
         return train_job if workload_name.endswith("_train") else predict_job
+    if table is JOBS and workload_name in ("bert_small_train", "bert_small_predict"):
+        from benchmarks.peers.flowc_bert import bert_jobs    # the model zoo's example, at the bench's size
+        train_job, predict_job = bert_jobs(workload_name.rsplit("_", 1)[0])
+        return train_job if workload_name.endswith("_train") else predict_job
     if table is JOBS and workload_name.startswith("resnet_block_"):
         from benchmarks.peers.flowc_resnet import block_jobs     # written for the benchmark: no seed has it
         train_job, predict_job = block_jobs()
@@ -86,11 +90,14 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
 def arguments(workload: Workload, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
     """What the job of `workload` takes: the seeds' and the zoo ResNets' jobs take both, the ResNet
     block's predict job images only, Wide & Deep (labels, dense, wide ids, deep ids) (its "images" are
-    the three feature arrays)."""
+    the three feature arrays), BERT its four input arrays then its three target arrays (both of its
+    jobs take all seven)."""
     if workload.model == "resnet_block" and workload.mode == "predict":
         return (images,)
     if workload.model == "wide_and_deep":
         return (labels, *images)
+    if workload.model in BERT_ZOO:
+        return (*images, *labels)
     return images, labels
 
 

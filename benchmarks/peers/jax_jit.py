@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from benchmarks.peers import NotApplicable, Step
-from benchmarks.workloads import (BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
+from benchmarks.workloads import (BERT_ZOO, BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
                                   LENET_FLAT, LENET_KERNEL, MLP_HIDDEN, MLP_IN, RESNET_CONVS, RESNET_FEATURES,
                                   RESNET_LEARNING_RATE, RESNET_MOMENTUM, RESNET_ZOO, Workload)
 
@@ -190,6 +190,8 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
                             "update to compare with this workload's")
     if workload.model in RESNET_ZOO:
         raise NotApplicable("no JAX model of the zoo's ResNet-18 / ResNet-50 is written: PyTorch is their peer")
+    if workload.model in BERT_ZOO:
+        raise NotApplicable("no JAX model of the zoo's BERT is written: PyTorch is its peer")
     if workload.model == "resnet_block":
         return _build_resnet(workload, images, labels)
     if workload.mode == "train":

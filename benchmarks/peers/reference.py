@@ -11,7 +11,7 @@ import numpy as np
 
 import flow
 from benchmarks.peers import NotApplicable, Step, flowc_jobs
-from benchmarks.workloads import LEARNING_RATE, RESNET_LEARNING_RATE, RESNET_ZOO, Workload
+from benchmarks.workloads import BERT_ZOO, LEARNING_RATE, RESNET_LEARNING_RATE, RESNET_ZOO, Workload
 from flowc.compiler.reference import run_reference
 from flowc.runtime.session import default_session
 
@@ -35,6 +35,9 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray) -> Step:
     if workload.model == "wide_and_deep":
         raise NotApplicable("the reference executor's scatter_rows returns a new table (a copy of 10^6 rows "
                             "per table and state per step): it times NumPy copies, not the model")
+    if workload.model in BERT_ZOO:
+        raise NotApplicable("the reference executor's NumPy step of BERT small takes seconds: the model tests "
+                            "check flowc against it on the tiny config")
     if workload.model in RESNET_ZOO:
         raise NotApplicable("the reference executor's NumPy convolutions take seconds per zoo ResNet step: "
                             "the model tests check flowc against it on small configs")

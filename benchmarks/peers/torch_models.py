@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.peers import Step
-from benchmarks.workloads import (BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
+from benchmarks.workloads import (BERT_ZOO, BN_EPSILON, BN_MOMENTUM, CLASSES, DROPOUT_RATE, INIT_STDDEV, LEARNING_RATE,
                                   LENET_FLAT, LENET_KERNEL, MLP_HIDDEN, MLP_IN, RESNET_CONVS, RESNET_FEATURES,
                                   RESNET_LEARNING_RATE, RESNET_MOMENTUM, RESNET_ZOO, Workload)
 
@@ -95,6 +95,12 @@ def build(workload: Workload, images: np.ndarray, labels: np.ndarray, compiled: 
     if workload.model == "wide_and_deep":       # its own module: sparse embeddings, two optimizers
         from benchmarks.peers.torch_wide_and_deep import build_train
         return build_train(images, labels, compiled)
+    if workload.model in BERT_ZOO:             # the model zoo's BERT: its own module
+        from benchmarks.peers import torch_bert
+        shape = BERT_ZOO[workload.model]
+        if workload.mode == "train":
+            return torch_bert.build_train(shape, images, labels, compiled)
+        return torch_bert.build_predict(shape, images, compiled)
     if workload.model in RESNET_ZOO:           # the model zoo's ResNet-18 / ResNet-50: their own module
         from benchmarks.peers import torch_resnet
         shape = RESNET_ZOO[workload.model]

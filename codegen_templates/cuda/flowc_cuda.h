@@ -206,6 +206,19 @@ __host__ __device__ __forceinline__ T softplus(T x) {
   return x != x ? x : (x > (T)0 ? x : (T)0) + std::log1p(std::exp(-std::fabs(x)));
 }
 
+// gelu(x) = 0.5 x (1 + erf(x / sqrt 2)) and its gradient dy (Phi(x) + x phi(x)), named as the CPU
+// header names them (the pointwise rows call flowc::gelu / flowc::gelu_grad); here erf and exp are
+// CUDA's own.
+template <class T>
+__host__ __device__ __forceinline__ T gelu(T x) {
+  return (T)0.5 * x * ((T)1 + std::erf(x * (T)0.70710678118654752));
+}
+template <class T>
+__host__ __device__ __forceinline__ T gelu_grad(T x, T dy) {
+  return dy * ((T)0.5 * ((T)1 + std::erf(x * (T)0.70710678118654752)) +
+               x * std::exp((T)-0.5 * x * x) * (T)0.39894228040143268);
+}
+
 // The digamma function psi(x) = d lgamma(x) / dx (the gradient of lgamma), in double: the
 // reflection formula below 0, the recurrence up to 6, then the asymptotic series.  NaN at the
 // poles (0, -1, -2, ...) and at -inf; +inf at +inf.  compiler/ops/math_rows.py's reference is

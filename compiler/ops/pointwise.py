@@ -217,13 +217,12 @@ def _gelu_grad_reference(x, dy):
     return (dy * (cdf + x * pdf)).astype(x.dtype)
 
 
-# gelu(x) = x * Phi(x), the exact (erf) form OneFlow uses.
+# gelu(x) = x * Phi(x), the exact (erf) form OneFlow uses; flowc::gelu / gelu_grad are in both
+# backends' headers (the CPU's with an erf GCC vectorises).
 register(OpRule("gelu", "pointwise", _unary_float("gelu"), _gelu_reference, _gelu_grad,
-                c_expr="(({T})0.5 * {0} * (({T})1 + std::erf({0} * ({T})0.70710678118654752)))"))
+                c_expr="flowc::gelu<{T}>({0})"))
 register(OpRule("gelu_grad", "pointwise", _same_shape("gelu_grad"), _gelu_grad_reference, None,
-                c_expr="({1} * (({T})0.5 * (({T})1 + std::erf({0} * ({T})0.70710678118654752)) + "
-                       "{0} * std::exp(({T})-0.5 * {0} * {0}) * ({T})0.39894228040143268))",
-                differentiable=False))
+                c_expr="flowc::gelu_grad<{T}>({0}, {1})", differentiable=False))
 register(OpRule("leaky_relu", "pointwise", _unary_float("leaky_relu"),
                 lambda x, alpha: np.where(x > 0, x, x * x.dtype.type(alpha)), _leaky_relu_grad,
                 c_expr="({0} > ({T})0 ? {0} : {0} * ({T}){alpha})"))

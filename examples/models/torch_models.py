@@ -69,7 +69,8 @@ class Bert(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)
 
-    def forward(self, ids, mask, types, positions, lm_ids, lm_weights, ns_labels) -> torch.Tensor:
+    def logits(self, ids, mask, types, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """(masked-LM logits (B * P, vocab), next-sentence logits (B, 2)): what bert.py's predict job returns."""
         s = self.c.seq_length
         x = self.word(ids) + self.token_type(types) + self.position[:, :s]
         x = self.emb_drop(self.emb_norm(x))
@@ -78,12 +79,15 @@ class Bert(nn.Module):
             x = layer(x, bias)
         picked = torch.gather(x, 1, positions.long()[:, :, None].expand(-1, -1, x.shape[-1]))
         picked = self.transform_norm(F.gelu(self.transform(picked.reshape(-1, x.shape[-1]))))
-        logits = picked @ self.word.weight.t() + self.output_bias
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        return picked @ self.word.weight.t() + self.output_bias, self.seq_relationship(pooled)
+
+    def forward(self, ids, mask, types, positions, lm_ids, lm_weights, ns_labels) -> torch.Tensor:
+        logits, ns_logits = self.logits(ids, mask, types, positions)
         per_position = F.cross_entropy(logits, lm_ids.long().reshape(-1), reduction="none")
         per_position = per_position.view(-1, self.c.max_predictions_per_seq)
         lm_loss = (per_position * lm_weights).sum(-1) / (lm_weights.sum(-1).mean() + 1e-5)
-        pooled = torch.tanh(self.pooler(x[:, 0]))
-        ns_loss = F.cross_entropy(self.seq_relationship(pooled), ns_labels.long())
+        ns_loss = F.cross_entropy(ns_logits, ns_labels.long())
         return lm_loss.mean() + ns_loss
 
 

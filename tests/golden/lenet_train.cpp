@@ -287,15 +287,24 @@ FLOWC_KERNEL int softmax_xent_fwd_bwd_29(const float* FLOWC_RESTRICT x, const in
     const float* xr = x + r * 10;
     const int64_t label = (int64_t)labels[r];
     if (label < 0 || label >= 10) { bad = 1; continue; }
+    // A NaN anywhere makes the row's maximum NaN, as np.max does.
     float m = xr[0];
-    for (int64_t c = 1; c < 10; ++c) m = flowc::maximum(m, xr[c]);   // a NaN propagates, as in np.max
+    bool nan = false;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t c = 0; c < 10; ++c) {
+      m = m > xr[c] ? m : xr[c];
+      nan |= xr[c] != xr[c];
+    }
+    if (nan) m = std::numeric_limits<float>::quiet_NaN();
     float sum = 0;
-    for (int64_t c = 0; c < 10; ++c) sum += std::exp(xr[c] - m);
-    loss[r] = std::log(sum) + m - xr[label];
-    const float inv = (float)1 / sum, g = dy[r];
     float* dxr = dx + r * 10;
-    for (int64_t c = 0; c < 10; ++c) dxr[c] = std::exp(xr[c] - m) * inv * g;
-    dxr[label] = (std::exp(xr[label] - m) * inv - (float)1) * g;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < 10; ++c) { dxr[c] = flowc::exp_nonpositive(xr[c] - m); sum += dxr[c]; }
+    loss[r] = std::log(sum) + m - xr[label];
+    const float inv = (float)1 / sum, g = dy[r], at_label = dxr[label];
+#pragma omp simd
+    for (int64_t c = 0; c < 10; ++c) dxr[c] = dxr[c] * inv * g;
+    dxr[label] = (at_label * inv - (float)1) * g;
   }
   return bad ? code : 0;
 }
