@@ -90,6 +90,9 @@ class Lowered:
         """The kernels in run order with the nodes each fuses, then every fusion decision and refusal."""
         graph, kernels, log = self.program.graph, self.program.kernels or [], self.program.log
         lines = [f"kernels of {self.name} ({len(kernels)}, in run order):"]
+        if self.device == "gpu":
+            from flowc.compiler.codegen.cuda_host import step_mode
+            lines.insert(0, step_mode())
         for i, k in enumerate(kernels):
             ops = [graph.node(n) for n in k.nodes()]
             lines.append(f"  [{i}] {k.name}  ({k.kind}, {len(ops)} ops)")
