@@ -58,9 +58,19 @@ _ffi.cdef("int flowc_step(void* stream, char** buffers, void** outputs, int* hos
           "const char* flowc_step_error(int code);")
 
 
+_libraries: dict[str, Any] = {}
+_libraries_lock = threading.Lock()
+
+
 def open_step_library(path: str):
-    """The step library at `path`, opened with cffi (tests replace this to run it on the emulator)."""
-    return _ffi.dlopen(path)
+    """The step library at `path`, opened with cffi once per process and never closed: closing it
+    would run its static CUDA runtime's teardown (unregistering its kernels) on whichever thread
+    dropped the last reference, and a session cleared and rebuilt loads the same entry again.
+    Tests replace this function to run the library's host step on the emulator."""
+    with _libraries_lock:
+        if path not in _libraries:
+            _libraries[path] = _ffi.dlopen(path)
+        return _libraries[path]
 
 
 class _Device:
@@ -465,4 +475,4 @@ class CudaLoadedStep(LoadedStep):
             self.slots, self.stream, self.copy_stream, self.copy_args = [], None, None, []
             self.module = None
             self.functions = []
-        self.library = None     # cffi unloads the library when the last reference goes
+        self.library = None     # the library stays loaded for the process (open_step_library)
