@@ -126,4 +126,4 @@ register_backend(Backend(
     toolchain_ref="flowc.compiler.cuda_toolchain:nvcc_toolchain",
     loaded_step_ref="flowc.runtime.cuda_executor:CudaLoadedStep",
     probe_ref="flowc.runtime.devices:gpu_status",
-    summary="CUDA, built by nvcc into a cubin, run through PyCUDA"))
+    summary="CUDA, built by nvcc into a step library run in one call per step, memory through PyCUDA"))

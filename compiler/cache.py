@@ -13,7 +13,8 @@ Layout under the cache root::
     <root>/<key[:2]>/<key>/kernel.so     the compiled library
     <root>/<key[:2]>/<key>/meta.json     key parts, size and sha256 of every file, timings
 
-A CUDA entry holds ``kernel.cu`` and ``kernel.cubin`` instead (``CUDA_FILES``);
+A CUDA entry holds ``kernel.cu`` and ``step.so`` instead (``CUDA_STEP_FILES``: the kernels
+and the host step that launches them), or ``kernel.cubin`` for the per-launch path (``CUDA_FILES``);
 meta.json names an entry's two files, so both kinds share one root, one
 ``info``/``list``/``clear`` and one locking scheme.  An entry may hold more
 files (the core library's precompiled header); meta.json checksums them all.
@@ -96,6 +97,7 @@ META_FILE = "meta.json"
 # (source, artifact) file names of an entry: the default is the CPU pair above.
 CPU_FILES = (SOURCE_FILE, LIBRARY_FILE)
 CUDA_FILES = ("kernel.cu", "kernel.cubin")
+CUDA_STEP_FILES = ("kernel.cu", "step.so")     # the kernels and their host step (flowc_step) in one library
 
 # The markers of a cache root flowc made (https://bford.info/cachedir/ for the first).
 CACHEDIR_TAG = "CACHEDIR.TAG"

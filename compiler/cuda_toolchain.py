@@ -1,4 +1,11 @@
-"""CUDA toolchain: generated CUDA source -> cached cubin, with nvcc.
+"""CUDA toolchain: generated CUDA source -> a cached step library (or cubin), with nvcc.
+
+A GPU job builds into ``step.so`` (`build_step_library`): the kernels and the host step at the
+end of the source (``flowc_step``, codegen_templates/cuda/step.cu.j2) in one shared library,
+linked with the static CUDA runtime, which the runtime calls once per step through cffi.  Where
+that library cannot be built (an nvcc without a host compiler or without ``libcudart_static.a``)
+the job warns and builds the kernels alone into a cubin that PyCUDA launches one by one (the
+per-launch path, also what ``FLOWC_CUDA_PER_LAUNCH=1`` asks for).
 
 `build_cubin(source, name, arch)` runs ``nvcc -fatbin`` for the arch through the same
 content-addressed cache as the CPU libraries (:mod:`compiler.cache`); the entry keeps
@@ -30,6 +37,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 from flowc.compiler import cache as _cache
@@ -38,8 +46,8 @@ from flowc.compiler.cache import KernelCache, KeyParts
 from flowc.compiler.cached_build import BuildResult, ToolchainError, build_cached, run_compiler
 from flowc.compiler.toolchain import OUT_PLACEHOLDER, SRC_PLACEHOLDER
 
-__all__ = ["build_cubin", "cuda_include_dir", "device_arch", "find_nvcc", "key_parts", "normalize_arch",
-           "nvcc_command", "nvcc_version"]
+__all__ = ["build_cubin", "build_step_library", "cuda_include_dir", "device_arch", "find_nvcc", "key_parts",
+           "normalize_arch", "nvcc_command", "nvcc_version"]
 
 INSTALL_NVCC_HINT = ("install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads), put its bin/ on "
                      "PATH, or point $NVCC at nvcc")
@@ -48,6 +56,9 @@ INSTALL_NVCC_HINT = ("install the CUDA toolkit (https://developer.nvidia.com/cud
 # -fatbin: the SASS and the PTX in one image that cuModuleLoad takes (see gencode_flags);
 # -lineinfo: source lines for compute-sanitizer and profilers, with no effect on the code.
 BASE_FLAGS = ("-fatbin", "-O3", "-lineinfo", "-std=c++17", "--expt-relaxed-constexpr")
+# The step library: the same device code (the same -gencode pair), plus the host step, in a shared
+# object; the static CUDA runtime so that the library needs nothing but the driver's libcuda.so.
+STEP_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-cudart", "static", "-DFLOWC_HOST_STEP", *BASE_FLAGS[1:])
 # What the cache key writes instead of this machine's paths of nvcc and of the CUDA headers: the
 # headers' contents are in the key anyway (KeyParts.headers), and nvcc's version.
 NVCC_IN_KEY = "nvcc"
@@ -154,27 +165,30 @@ def gencode_flags(arch: str) -> list[str]:
             f"-gencode=arch=compute_{number},code=compute_{number}"]
 
 
-def nvcc_command(src: Path, out: Path, arch: str, nvcc: str | None = None, include: str | None = None) -> list[str]:
+def nvcc_command(src: Path, out: Path, arch: str, nvcc: str | None = None, include: str | None = None,
+                 host_step: bool = False) -> list[str]:
     """Full nvcc argv building ``src`` into the fat binary ``out`` for ``arch`` (``nvcc`` and
-    ``include`` replace the found nvcc and the headers' folder: the cache key's stand-ins).
+    ``include`` replace the found nvcc and the headers' folder: the cache key's stand-ins);
+    ``host_step=True``: into the step library (the kernels and ``flowc_step``) instead.
 
     Example::
 
         >>> nvcc_command(Path("k.cu"), Path("k.cubin"), "sm_90", nvcc="nvcc")[:4]
         ['nvcc', '-fatbin', '-O3', '-lineinfo']
     """
-    return [nvcc or find_nvcc(), *BASE_FLAGS, *gencode_flags(arch), f"-I{include or cuda_include_dir()}",
+    flags = STEP_FLAGS if host_step else BASE_FLAGS
+    return [nvcc or find_nvcc(), *flags, *gencode_flags(arch), f"-I{include or cuda_include_dir()}",
             str(src), "-o", str(out)]
 
 
-def key_parts(source: str, arch: str) -> KeyParts:
+def key_parts(source: str, arch: str, host_step: bool = False) -> KeyParts:
     """Cache key parts of ``source`` built for ``arch`` by this nvcc (the arch is in the command and target).
 
     The command holds neither nvcc's path nor the checkout's: a cache built on another machine (or
     from another checkout) with the same nvcc release and headers serves this one."""
     arch = normalize_arch(arch)
     command = shlex.join(nvcc_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), arch,
-                                      nvcc=NVCC_IN_KEY, include=INCLUDE_IN_KEY))
+                                      nvcc=NVCC_IN_KEY, include=INCLUDE_IN_KEY, host_step=host_step))
     return _cache.make_key_parts(source=source, command=command, compiler_version=nvcc_version(),
                                  cpu_target=f"cuda {arch}", include_dir=cuda_include_dir())
 
@@ -190,29 +204,54 @@ def build_cubin(source: str, name: str, arch: str | None = None, *,
     return build_cached(NvccToolchain(arch), source, name, cache=cache)
 
 
+def build_step_library(source: str, name: str, arch: str | None = None, *,
+                       cache: KernelCache | None = None) -> BuildResult:
+    """Compile CUDA ``source`` into the step library (``step.so``: its kernels and ``flowc_step``)
+    for ``arch`` through the cache.  Raises ToolchainError like `build_cubin`."""
+    return build_cached(NvccToolchain(arch, host_step=True), source, name, cache=cache)
+
+
+class StepLibraryUnavailable(UserWarning):
+    """The step library could not be built: the job runs launch by launch from Python (slower)."""
+
+
 class NvccToolchain:
-    """The GPU backend's toolchain (compiler/backends.py): a generated step -> a cached cubin for `arch`."""
+    """The GPU backend's toolchain (compiler/backends.py): a generated step -> a cached step
+    library for `arch` (`host_step=True`) or a cubin; `build` picks, and says when it falls back."""
     name = "nvcc"
     label = "CUDA"
-    files = _cache.CUDA_FILES
     log_name = "nvcc.log"
     output_label = "nvcc output"
 
-    def __init__(self, arch: str | None = None) -> None:
+    def __init__(self, arch: str | None = None, host_step: bool = False) -> None:
         # None: the arch of the GPU in this machine (needs PyCUDA and a device to ask)
         self.arch = normalize_arch(arch) if arch is not None else device_arch()
+        self.host_step = host_step
+        self.files = _cache.CUDA_STEP_FILES if host_step else _cache.CUDA_FILES
 
     def build(self, generated, name: str) -> BuildResult:
-        return build_cached(self, generated.source, name)
+        """The step library, unless FLOWC_CUDA_PER_LAUNCH=1; the cubin, with a warning naming
+        nvcc's complaint, where the library fails to build but the kernels alone compile."""
+        cubin = NvccToolchain(self.arch)
+        if settings.cuda_per_launch():
+            return build_cached(cubin, generated.source, name)
+        try:
+            return build_cached(NvccToolchain(self.arch, host_step=True), generated.source, name)
+        except ToolchainError as err:
+            result = build_cached(cubin, generated.source, name)     # the kernels' own errors raise here
+            warnings.warn(StepLibraryUnavailable(
+                f"job {name!r}: the GPU step library (kernels and host step in one shared object) could not "
+                f"be built, so each kernel is launched from Python through PyCUDA (slower): {err}"), stacklevel=2)
+            return result
 
     def key_parts(self, source: str) -> KeyParts:
-        return key_parts(source, self.arch)
+        return key_parts(source, self.arch, self.host_step)
 
     def target_words(self) -> str:
-        return f" for {self.arch}"
+        return f" for {self.arch}" + (" (step library)" if self.host_step else "")
 
     def compile(self, tmp: Path, src: Path, out: Path, units: list[str] | None):
-        argv = nvcc_command(src, out, self.arch)
+        argv = nvcc_command(src, out, self.arch, host_step=self.host_step)
         return argv, run_compiler(argv, INSTALL_NVCC_HINT)
 
     def failure_hint(self) -> str:

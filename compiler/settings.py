@@ -72,6 +72,12 @@ SETTINGS: tuple[Setting, ...] = (
             "`1` (any value but empty or `0`): float32 GEMMs and convolutions on GPU tensor cores (TF32 "
             "inputs, FP32 accumulation) on sm_80 and newer; older GPUs keep FP32.",
             "compiler.pipeline"),
+    Setting("FLOWC_CUDA_PER_LAUNCH", "flag", "`0`",
+            "`1` (any value but empty or `0`) builds a GPU job's kernels into a cubin that PyCUDA launches "
+            "one by one from Python, instead of the step library whose host step (`flowc_step`) launches "
+            "them all in one call per step. That per-launch path is otherwise only the fallback where the "
+            "step library cannot be built (with a warning saying why). Read when a job is compiled.",
+            "compiler.cuda_toolchain"),
     Setting("FLOWC_STRICT_DEVICE", "flag", "`0`",
             "`1` makes a `\"gpu\"` placement an error where no GPU can run it (otherwise it runs on the CPU "
             "with one warning saying why). Only the exact value `1` turns it on.",
@@ -153,6 +159,11 @@ def profile() -> bool:
 def tf32() -> bool:
     """Run float32 GEMMs and convolutions on TF32 tensor cores (``$FLOWC_TF32`` set, and not ``0``)."""
     return _flag("FLOWC_TF32")
+
+
+def cuda_per_launch() -> bool:
+    """Build GPU jobs for the per-launch path (``$FLOWC_CUDA_PER_LAUNCH`` set, and not ``0``)."""
+    return _flag("FLOWC_CUDA_PER_LAUNCH")
 
 
 def strict_device() -> bool:

@@ -90,6 +90,10 @@ class Lowered:
         """The kernels in run order with the nodes each fuses, then every fusion decision and refusal."""
         graph, kernels, log = self.program.graph, self.program.kernels or [], self.program.log
         lines = [f"kernels of {self.name} ({len(kernels)}, in run order):"]
+        from flowc.compiler.backends import get_backend
+        if get_backend(self.device).templates == "cuda":      # how a CUDA step runs: one call or per launch
+            from flowc.compiler.codegen.cuda_host import step_mode
+            lines.insert(0, step_mode())
         for i, k in enumerate(kernels):
             ops = [graph.node(n) for n in k.nodes()]
             lines.append(f"  [{i}] {k.name}  ({k.kind}, {len(ops)} ops)")

@@ -2,14 +2,22 @@
 
 Imported only where `runtime.devices.gpu_status()` said a GPU is usable (it imports PyCUDA).
 
-Per job: the cubin's module, one device arena (the memory plan), one scratch buffer, one
-status int, a compute stream and a copy stream.  Per register slot: device buffers for the
-placeholders and runtime scalars, page-locked host staging buffers for them and for the
-outputs, and every launch's argument list, resolved to device pointers once.  Feeding a slot
-(caller thread) copies the caller's arrays into its staging buffers and queues their upload on
-the copy stream, so it overlaps the step computing on the other slot; the compute stream waits
-for that upload, replays the launch list, downloads the outputs and the status, and the
-compute actor waits for it.
+Per job: the step library (`step.so`, loaded with cffi: the kernels and `flowc_step`, the host
+step that launches them) or, on the per-launch path, the cubin's module; one device arena (the
+memory plan), one scratch buffer, one status int, a compute stream and a copy stream.  Per
+register slot: device buffers for the placeholders and runtime scalars, page-locked host
+staging buffers for them and for the outputs, and the table of device addresses the host step
+takes (per-launch: every launch's argument list), resolved once.  Feeding a slot (caller
+thread) copies the caller's arrays into its staging buffers and queues their upload on the copy
+stream, so it overlaps the step computing on the other slot; the compute stream waits for that
+upload, then one call of `flowc_step` queues the launches, the device copies and the downloads
+of what the host reads (the outputs, the status) and waits for them.  A step whose host reads
+nothing is not waited for: the next feed of its slot waits for it instead (`CudaSlot.done`), so
+such steps stay in flight back to back.
+
+Which path a job takes is its artifact's: `step.so` runs the host step, `kernel.cubin` (built
+with FLOWC_CUDA_PER_LAUNCH=1, or where the step library could not be built, with a warning)
+launches each kernel from Python through PyCUDA.
 
 Variables live on the device, one buffer per variable per session, shared by every GPU job
 of the session (a train job's update is what the predict job reads).  Each variable has one
@@ -29,17 +37,40 @@ import contextlib
 import threading
 from typing import Any, Iterator, Sequence
 
+import cffi
 import numpy as np
 import pycuda.driver as cuda
 
 from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.codegen.cuda import GeneratedCudaStep
+from flowc.compiler.codegen.cuda_host import host_buffers
 from flowc.compiler.errors import StepError
 from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.devices import DEVICE_VARIABLES_ATTR
 from flowc.runtime.loaded_step import LoadedStep
 
 MIN_ALLOC = 256    # bytes; cuMemAlloc refuses 0, and 256 is its alignment anyway
+STEP_LIBRARY_SUFFIX = ".so"     # a step library (host step); anything else is a cubin for PyCUDA
+STOPPED = -1       # flowc_step's answer when a check_numerics check set the status
+
+_ffi = cffi.FFI()
+_ffi.cdef("int flowc_step(void* stream, char** buffers, void** outputs, int* host_status, float* launch_ms);"
+          "const char* flowc_step_error(int code);")
+
+
+_libraries: dict[str, Any] = {}
+_libraries_lock = threading.Lock()
+
+
+def open_step_library(path: str):
+    """The step library at `path`, opened with cffi once per process and never closed: closing it
+    would run its static CUDA runtime's teardown (unregistering its kernels) on whichever thread
+    dropped the last reference, and a session cleared and rebuilt loads the same entry again.
+    Tests replace this function to run the library's host step on the emulator."""
+    with _libraries_lock:
+        if path not in _libraries:
+            _libraries[path] = _ffi.dlopen(path)
+        return _libraries[path]
 
 
 class _Device:
@@ -177,7 +208,17 @@ class CudaSlot:
         self.outputs = [_pinned(graph.node(o).type.shape, graph.node(o).type.dtype) for o in graph.outputs]
         self.fetch = [(out, step.pointer(step.binding(o), self)) for out, o in zip(self.outputs, graph.outputs)]
         self.fed = cuda.Event()
-        self.args = [tuple(step.pointer(b, self) for b in launch.args) for launch in step.launches]
+        # Recorded after a step its host does not wait for; the slot's next feed waits for it.
+        self.done: Any = None if step.host_sync else cuda.Event()
+        self.in_flight = False
+        if step.library is not None:      # the host step's tables: device addresses, output staging
+            entries = host_buffers(step.generated.bindings)
+            self.buffers: Any = _ffi.new("char*[]", [_ffi.cast("char*", step.pointer(b, self)) for b in entries])
+            self.output_table: Any = _ffi.new("void*[]", [_ffi.cast("void*", out.ctypes.data) for out in self.outputs]
+                                         or [_ffi.NULL])
+            self.args: list[tuple] = []
+        else:
+            self.args = [tuple(step.pointer(b, self) for b in launch.args) for launch in step.launches]
 
     def release(self) -> None:
         """Free the slot's device and pinned buffers and drop its event (the caller pushed the context)."""
@@ -187,7 +228,8 @@ class CudaSlot:
             _free_pinned(host)
         self.device_inputs, self.device_scalars, self.fetch, self.args = [], {}, [], []
         self.inputs, self.scalars, self.outputs = [], {}, []      # their memory is gone: no view may stay
-        self.fed = None       # PyCUDA destroys an event when its last reference goes: here, context current
+        self.buffers = self.output_table = None
+        self.fed = self.done = None   # PyCUDA destroys an event when its last reference goes: here, context current
 
 
 def _pinned(shape: tuple, dtype: str) -> np.ndarray:
@@ -225,13 +267,20 @@ class CudaLoadedStep(LoadedStep):
         self.assigned = list(self.graph.assigns)
         self.read = list(self.graph.variables)
         self.variables = DeviceVariables.of(session, self.device, compiled.device)
+        self.generated = generated
+        self.host_sync = generated.host_sync
+        # The step library (one call per step) or, on the per-launch path, PyCUDA's module of the cubin.
+        self.library: Any = (open_step_library(str(compiled.library))
+                        if str(compiled.library).endswith(STEP_LIBRARY_SUFFIX) else None)
         with self.device.current():
-            self.module = cuda.module_from_file(str(compiled.library))
+            self.module: Any = None
             self.functions = []
-            for launch in self.launches:
-                fn = self.module.get_function(launch.kernel)
-                fn.prepare("P" * len(launch.args))
-                self.functions.append(fn)
+            if self.library is None:
+                self.module = cuda.module_from_file(str(compiled.library))
+                for launch in self.launches:
+                    fn = self.module.get_function(launch.kernel)
+                    fn.prepare("P" * len(launch.args))
+                    self.functions.append(fn)
             self.stream = cuda.Stream()           # the steps, in call order
             self.copy_stream = cuda.Stream()      # uploads of fed slots, overlapping the steps
             self.arena = _alloc(compiled.program.memory.arena_bytes)
@@ -245,6 +294,12 @@ class CudaLoadedStep(LoadedStep):
         self._profiled = list(generated.profiled_kernels)
         self.released = False
         self._seconds = [0.0] * len(self._profiled)
+        self._launch_ms = _ffi.new("float[]", len(self._profiled)) if self._profiled else _ffi.NULL
+
+    @property
+    def mode(self) -> str:
+        """How a step runs: "host step" (one call of flowc_step) or "per launch" (PyCUDA, from Python)."""
+        return "host step" if self.library is not None else "per launch"
 
     # -- buffers ------------------------------------------------------------------------
     def binding(self, node_id: int) -> tuple:
@@ -255,10 +310,9 @@ class CudaLoadedStep(LoadedStep):
     def pointer(self, binding: tuple, slot: CudaSlot) -> int:
         """The device address a launch argument names."""
         kind = binding[0]
-        if kind == "arena":
-            return int(self.arena) + int(binding[1])
-        if kind == "scratch":
-            return int(self.scratch) + int(binding[1])
+        if kind in ("arena", "scratch"):     # the host step's table names them without an offset
+            offset = int(binding[1]) if len(binding) > 1 else 0
+            return int(self.arena if kind == "arena" else self.scratch) + offset
         if kind == "status":
             return int(self.status)
         if kind == "input":
@@ -285,6 +339,10 @@ class CudaLoadedStep(LoadedStep):
         """Copy the caller's arrays and this step's scalars into `slot`'s staging buffers and queue
         the upload of what was given: a train step's scalars come in a second feed when the step
         runs (ReadyStep.compute), which must not upload the inputs again."""
+        if slot.in_flight:          # its last step was not waited for and may still read these buffers
+            with self.device.current():
+                slot.done.synchronize()
+            slot.in_flight = False
         fed = [(host, dev) for host, dev, a in zip(slot.inputs, slot.device_inputs, arrays)]
         for (host, _), a in zip(fed, arrays):
             np.copyto(host, a, casting="same_kind")
@@ -313,41 +371,62 @@ class CudaLoadedStep(LoadedStep):
         for check in self.label_checks:
             if check.fails(slot.inputs[check.input]):
                 self.raise_step_error(check.code)
-        profiling = bool(self._profiled)
         self.variables.acquire(self.compiled.device, self.read, self.assigned)    # a CPU job may own some of them
         with self.device.current():
             try:
                 self.stream.wait_for_event(slot.fed)
-                cuda.memset_d32_async(int(self.status), 0, 1, self.stream)
-                events: list[tuple[Any, Any]] = []     # (start, end) pycuda Events per launch
-                stopped = False
-                for launch, fn, args in zip(self.launches, self.functions, slot.args):
-                    if profiling:
-                        events.append((cuda.Event().record(self.stream), None))
-                    fn.prepared_async_call(launch.grid, launch.block, self.stream, *args,
-                                           shared_size=launch.shared_bytes)
-                    if profiling:
-                        events[-1] = (events[-1][0], cuda.Event().record(self.stream))
-                    if launch.checks_status and self._status_set():
-                        stopped = True          # check_numerics: nothing after the first bad value
-                        break
-                if not stopped:
-                    for dst, src, nbytes in self.copy_args:
-                        cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
-                    for host, src in slot.fetch:
-                        if host.size:
-                            cuda.memcpy_dtoh_async(host, src, self.stream)
-                    cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
-                    self.stream.synchronize()
+                if self.library is not None:
+                    self._host_step(slot)
+                else:
+                    self._launch_each(slot)
             except cuda.Error as err:
                 raise StepError(f"job {self.graph.name!r}: the GPU step failed: {err}") from err
-            for k, (start, end) in enumerate(events):
-                self._seconds[k] += end.time_since(start) * 1e-3
         self.variables.written(self.assigned)
-        code = int(self.host_status[0])
+        code = int(self.host_status[0]) if self.host_sync else 0
         if code:
             self.raise_step_error(code, slot)
         return [out.copy() for out in slot.outputs]
+
+    def _host_step(self, slot: CudaSlot) -> None:
+        """The whole step in one foreign call: flowc_step queues it on the stream (and waits where
+        the host reads); a step it does not wait for marks its slot in flight."""
+        rc = self.library.flowc_step(_ffi.cast("void*", self.stream.handle), slot.buffers, slot.output_table,
+                                     _ffi.cast("int*", self.host_status.ctypes.data), self._launch_ms)
+        if rc > 0:
+            why = _ffi.string(self.library.flowc_step_error(rc)).decode(errors="replace")
+            raise StepError(f"job {self.graph.name!r}: the GPU step failed: {why} (CUDA error {rc})")
+        if self._profiled:
+            self._seconds = [float(ms) * 1e-3 for ms in self._launch_ms[0:len(self._profiled)]]
+        if not self.host_sync and rc != STOPPED:
+            slot.done.record(self.stream)
+            slot.in_flight = True
+
+    def _launch_each(self, slot: CudaSlot) -> None:
+        """The per-launch path: every kernel launched from Python through PyCUDA, then one wait."""
+        profiling = bool(self._profiled)
+        cuda.memset_d32_async(int(self.status), 0, 1, self.stream)
+        events: list[tuple[Any, Any]] = []     # (start, end) pycuda Events per launch
+        stopped = False
+        for launch, fn, args in zip(self.launches, self.functions, slot.args):
+            if profiling:
+                events.append((cuda.Event().record(self.stream), None))
+            fn.prepared_async_call(launch.grid, launch.block, self.stream, *args,
+                                   shared_size=launch.shared_bytes)
+            if profiling:
+                events[-1] = (events[-1][0], cuda.Event().record(self.stream))
+            if launch.checks_status and self._status_set():
+                stopped = True          # check_numerics: nothing after the first bad value
+                break
+        if not stopped:
+            for dst, src, nbytes in self.copy_args:
+                cuda.memcpy_dtod_async(dst, src, nbytes, self.stream)
+            for host, src in slot.fetch:
+                if host.size:
+                    cuda.memcpy_dtoh_async(host, src, self.stream)
+            cuda.memcpy_dtoh_async(self.host_status, int(self.status), self.stream)
+            self.stream.synchronize()
+        for k, (start, end) in enumerate(events):
+            self._seconds[k] += end.time_since(start) * 1e-3
 
     def _status_set(self) -> bool:
         """Wait for the launches so far and read the status (check_numerics, after each check)."""
@@ -396,3 +475,4 @@ class CudaLoadedStep(LoadedStep):
             self.slots, self.stream, self.copy_stream, self.copy_args = [], None, None, []
             self.module = None
             self.functions = []
+        self.library = None     # the library stays loaded for the process (open_step_library)

@@ -6,6 +6,7 @@
 // built once without instrumentation; see its header comment for what is checked.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -83,3 +84,69 @@ extern "C" int emu_launch(const char* name, void* fn, int nargs, void** args, un
                           unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned dynamic_shared) {
   return emu_run(name, fn, nargs, args, gx, gy, gz, bx, by, bz, dynamic_shared);
 }
+
+// --- the host step (codegen_templates/cuda/flowc_cuda_host.h's names, on the emulator) ---------------
+// A source built with FLOWC_HOST_STEP defined gets its `flowc_step`, which calls these: launches run
+// on the fibers above, copies move emulated device memory, and every call is appended to a log kept
+// by the runtime (emu_host_log: this module's writable data is the kernels' shared memory, so no
+// state of the host step lives here) that tests compare with the step's launch list.
+extern "C" {
+void emu_write(void*, const void*, size_t);
+void emu_copy(void*, const void*, size_t);
+const char* emu_error(void);
+void emu_host_record(const char* line);
+}
+
+namespace flowc_host {
+using Stream = void*;
+constexpr int kLaunchFailed = 719;     // cudaErrorLaunchFailure: what a kernel fault is on a GPU
+inline int launch(const void* fn, const char* name, dim3 grid, dim3 block, unsigned shared, Stream s, void** args,
+                  int n) {
+  char line[4096];
+  int w = snprintf(line, sizeof line, "launch %s %u,%u,%u %u,%u,%u %u %p", name, grid.x, grid.y, grid.z, block.x,
+                   block.y, block.z, shared, s);
+  for (int i = 0; i < n && w > 0 && w < (int)sizeof line - 24; ++i) w += snprintf(line + w, sizeof line - w, " %p", args[i]);
+  emu_host_record(line);
+  return emu_run(name, (void*)fn, n, args, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared)
+             ? kLaunchFailed : 0;
+}
+inline void record(const char* what, const void* dst, const void* src, size_t n, Stream s) {
+  char line[256];
+  snprintf(line, sizeof line, "%s %p %p %zu %p", what, dst, src, n, s);
+  emu_host_record(line);
+}
+inline int clear_status(void* status, Stream s) {
+  int zero = 0;
+  record("clear_status", status, nullptr, sizeof zero, s);
+  emu_write(status, &zero, sizeof zero);
+  return 0;
+}
+inline int copy_device(void* dst, const void* src, size_t n, Stream s) {
+  record("copy_device", dst, src, n, s);
+  emu_copy(dst, src, n);
+  return 0;
+}
+inline int copy_to_host(void* dst, const void* src, size_t n, Stream s) {
+  record("copy_to_host", dst, src, n, s);
+  emu_copy(dst, src, n);
+  return 0;
+}
+inline int synchronize(Stream s) {
+  record("synchronize", nullptr, nullptr, 0, s);
+  return 0;
+}
+inline const char* error_string(int code) { return code == kLaunchFailed ? emu_error() : "unknown error"; }
+// Counts launches instead of timing them (the emulator's time says nothing of a GPU's): enough to
+// show that the timer is wired to the right launch.
+class Timer {
+ public:
+  Timer(float* ms, int launches, Stream) : ms_(ms), n_(ms ? launches : 0) {}
+  void start(int) {}
+  void stop(int i) { if (i < n_) ms_[i] += 1.0f; }
+  int finish(int) { return 0; }
+
+ private:
+  float* ms_;
+  int n_;
+};
+}  // namespace flowc_host

@@ -37,6 +37,8 @@ void emu_write(void*, const void*, size_t);
 void emu_copy(void*, const void*, size_t);
 void emu_mark_written(void*, size_t);
 const char* emu_error(void);
+const char* emu_host_log(void);
+void emu_host_log_clear(void);
 """
 # Every load and store of a kernel calls the runtime (__asan_{load,store}N_noabort); the
 # runtime's own memory (threadIdx & co.) is reached through calls, and fiber stacks are skipped.
@@ -124,6 +126,15 @@ def device_copy(dst: int, src: int, nbytes: int) -> None:
     lib.emu_copy(ffi.cast("void*", dst), ffi.cast("void*", src), nbytes)
 
 
+def host_log(clear: bool = True) -> list[str]:
+    """The calls the host steps (flowc_step built with FLOWC_HOST_STEP) made since the last clear, one per line."""
+    ffi, lib = runtime()
+    lines = ffi.string(lib.emu_host_log()).decode().splitlines()
+    if clear:
+        lib.emu_host_log_clear()
+    return lines
+
+
 def mark_written(address: int, nbytes: int) -> None:
     ffi, lib = runtime()
     lib.emu_mark_written(ffi.cast("void*", address), nbytes)
@@ -135,7 +146,7 @@ class Emulator:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def build(self, source: str, kernels: list[str], optimize: str = "-O0"):
+    def build(self, source: str, kernels: list[str], optimize: str = "-O0", extra_cdef: str = ""):
         rt = runtime_dir()
         digest = hashlib.sha256((source + optimize + str(rt)).encode()).hexdigest()[:16]
         src, so = self.folder / f"{digest}.cpp", self.folder / f"{digest}.so"
@@ -150,7 +161,7 @@ class Emulator:
         ffi.flowc_launch_bounds = {name: int(n) for n, name in LAUNCH_BOUNDS.findall(source)}  # type: ignore[attr-defined]
         ffi.cdef("int emu_launch(const char*, void*, int, void**, unsigned, unsigned, unsigned, unsigned, unsigned,"
                  " unsigned, unsigned);" + RUNTIME_API
-                 + "".join(f"void {name}(void);" for name in sorted(set(kernels))))
+                 + "".join(f"void {name}(void);" for name in sorted(set(kernels))) + extra_cdef)
         return ffi, ffi.dlopen(str(so))
 
     @staticmethod

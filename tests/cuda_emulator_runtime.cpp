@@ -476,6 +476,23 @@ void emu_copy(void* dst, const void* src, size_t n) {
     std::memset(d->init + ((uintptr_t)dst - d->lo), 1, n);
 }
 
+// --- the host step's log (tests/cuda_emulator.h's flowc_host functions append one line per call) ---------
+
+static std::string host_log;
+
+void emu_host_record(const char* line) {
+  std::lock_guard<std::mutex> guard(lock);
+  host_log += line;
+  host_log += '\n';
+}
+
+const char* emu_host_log(void) { return host_log.c_str(); }
+
+void emu_host_log_clear(void) {
+  std::lock_guard<std::mutex> guard(lock);
+  host_log.clear();
+}
+
 // --- the launch ------------------------------------------------------------------------------------------
 
 int emu_run(const char* name, void* fn, int nargs, void** args, unsigned gx, unsigned gy, unsigned gz, unsigned bx,

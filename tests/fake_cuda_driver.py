@@ -241,6 +241,9 @@ def install(driver: FakeDriver, monkeypatch, nvcc: Path) -> None:
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.delitem(sys.modules, "flowc.runtime.cuda_executor", raising=False)
     monkeypatch.setenv("NVCC", str(nvcc))
+    # The fake driver has no CUDA runtime to run a step library's host step (a fake nvcc builds no
+    # library at all): its tests run the per-launch path; tests/test_cuda_host_step.py the host step.
+    monkeypatch.setenv("FLOWC_CUDA_PER_LAUNCH", "1")
     _load.cache_clear()
     gpu_status.cache_clear()
 

@@ -213,7 +213,7 @@ def test_compile_graph_for_the_gpu_needs_only_nvcc():
     graph = graph_of(job, Session())
     step = compile_graph(graph, device="gpu", arch="sm_90")
     assert (step.device, step.arch) == ("gpu", "sm_90")
-    assert step.library.suffix == ".cubin" and step.source_path.suffix == ".cu"
+    assert step.library.name == "step.so" and step.source_path.suffix == ".cu"     # kernels and host step
     assert step.generated.launches and set(step.timings) >= {"passes", "codegen", "compile"}
     assert [p.name for p in step.passes][:2] == ["simplify", "place_devices"]
     assert not compile_graph(graph, device="gpu", arch="sm_90").compiled     # a later run compiles nothing
@@ -543,6 +543,9 @@ def fake_pycuda(emulator, monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda", package)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.delitem(sys.modules, "flowc.runtime.cuda_executor", raising=False)
+    # This driver launches kernels one by one (PyCUDA's way); tests/test_cuda_host_step.py runs the
+    # step library's host step on the emulator.
+    monkeypatch.setenv("FLOWC_CUDA_PER_LAUNCH", "1")
     # The backend registry caches the class it loaded: forget it, or a later test's steps would run
     # on the first test's driver (and count their launches there).
     _load.cache_clear()

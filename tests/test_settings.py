@@ -27,6 +27,7 @@ ACCESSORS = {
     "FLOWC_DEBUG": settings.debug_level,
     "FLOWC_PROFILE": settings.profile,
     "FLOWC_TF32": settings.tf32,
+    "FLOWC_CUDA_PER_LAUNCH": settings.cuda_per_launch,
     "FLOWC_STRICT_DEVICE": settings.strict_device,
     "CXX": settings.cxx,
     "NVCC": settings.nvcc,

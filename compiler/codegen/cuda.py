@@ -5,8 +5,9 @@ fusion passes, the memory plan) and is its sibling over `KernelGenerator` (commo
 kernel computes (the fused pointwise statements, the epilogues, the convolution and pooling
 geometry) is shared, so both backends implement one semantics.  What differs is how a kernel is
 laid out on the GPU (one method per kernel kind, and `LOWERINGS` for the row and window ops), and
-that a step is not one exported function but a translation unit of `extern "C" __global__`
-kernels plus a launch list the runtime replays in order on the job's stream:
+that a step is a translation unit of `extern "C" __global__` kernels plus a launch list, which the
+host step at its end (`flowc_step`, cuda_host.py) runs in order on the job's stream in one call
+(the per-launch fallback replays the list from Python instead):
 
     gen = CudaGenerator(program.graph, program.kernels, program.memory, version)
     step = gen.render()
@@ -29,6 +30,7 @@ import numpy as np
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
+from flowc.compiler.codegen.cuda_host import Fetch, host_step
 from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
 from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, CudaFusedRows
@@ -91,6 +93,8 @@ class GeneratedCudaStep:
     tensor_cores: bool = False       # GEMMs on TF32 tensor cores
     numerics_nodes: dict[int, int] = field(default_factory=dict)   # check_numerics codes -> node id
     kernel_functions: int = 0        # the __global__ functions behind the launches (equal kernels share one)
+    fetches: list[Fetch] = field(default_factory=list)   # the outputs the host step downloads, in order
+    host_sync: bool = True           # the host step waits for the stream (the host reads something of the step)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -200,18 +204,24 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
         sources = table.sources
         copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
                   for node, var in self.memory.copy_back]
+        fetches = [Fetch(i, self.binding(o), self.graph.node(o).type.nbytes) for i, o in enumerate(self.graph.outputs)]
         bindings: list[tuple] = [("arena",)]
-        for b in [a for launch in launches for a in launch.args] + [c.dst for c in copies] + [c.src for c in copies]:
+        for b in ([a for launch in launches for a in launch.args] + [c.dst for c in copies] + [c.src for c in copies]
+                  + [f.src for f in fetches]):
             if b[0] not in ("arena", "scratch", "status") and b not in bindings:
                 bindings.append(b)
+        reads = [what for what, present in (("the outputs", any(f.nbytes for f in fetches)),
+                                            ("the status of the kernels that check their data", self.error_nodes),
+                                            ("the status of check_numerics", self.numerics_nodes)) if present]
+        host = host_step(launches, copies, fetches, bindings, sync=bool(reads), reads=", ".join(reads))
         source = _env.get_template("step.cu.j2").render(
             version=self.version, job=self.graph.name, kernels=sources, notes=self.notes,
             launches=launches, copies=copies, bindings=[describe_binding(b) for b in bindings],
-            uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores)
+            uses_gemm=any(t in GEMM_TEMPLATES for t in self.templates), tensor_cores=self.tensor_cores, host=host)
         return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes), list(self.label_checks),
                                  profiled if self.profile else [],
                                  self.scratch_bytes, list(self.templates), self.tensor_cores,
-                                 dict(self.numerics_nodes), len(sources))
+                                 dict(self.numerics_nodes), len(sources), fetches, bool(reads))
 
     def _numerics_check(self, k: Kernel, node_id: int) -> tuple[str, Launch]:
         """check_numerics after kernel `k`: a kernel scanning the value of `node_id` it stored."""

@@ -90,3 +90,65 @@ extern "C" __global__ void __launch_bounds__(256) loop_8(const float* FLOWC_REST
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] input 0
+//                [4] input 1
+//                [5] input 2
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs, the status of the kernels that check their data.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 4, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // matmul_3
+    void* args[] = { buffers[3], buffers[4], buffers[0] };
+    timer.start(0);
+    err = flowc_host::launch((const void*)matmul_3, "matmul_3", dim3{ 1, 1, 2 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // argmax_5
+    void* args[] = { buffers[0], buffers[0] + 128 };
+    timer.start(1);
+    err = flowc_host::launch((const void*)argmax_5, "argmax_5", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(1);
+    if (err) return err;
+  }
+  {  // sparse_softmax_cross_entropy_6
+    void* args[] = { buffers[0], buffers[5], buffers[0] + 192, buffers[2] };
+    timer.start(2);
+    err = flowc_host::launch((const void*)sparse_softmax_cross_entropy_6, "sparse_softmax_cross_entropy_6", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(2);
+    if (err) return err;
+  }
+  {  // loop_8
+    void* args[] = { buffers[0] + 192, buffers[0] + 128, buffers[0] };
+    timer.start(3);
+    err = flowc_host::launch((const void*)loop_8, "loop_8", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(3);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[0], 24, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(4);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP

@@ -697,3 +697,285 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_39_multiply_add_sqr
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] input 0
+//                [4] variable 'cov_conv-weight'
+//                [5] variable 'cov_conv-bias'
+//                [6] variable 'cov_dense-bias'
+//                [7] variable 'cov_dense-weight'
+//                [8] input 1
+//                [9] variable 'cov_conv-weight-m'
+//                [10] variable 'cov_conv-weight-v'
+//                [11] scalar 'learning_rate:float32'
+//                [12] variable 'cov_conv-bias-m'
+//                [13] variable 'cov_conv-bias-v'
+//                [14] variable 'cov_dense-weight-m'
+//                [15] variable 'cov_dense-weight-v'
+//                [16] variable 'cov_dense-bias-m'
+//                [17] variable 'cov_dense-bias-v'
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs, the status of the kernels that check their data.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 30, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // conv2d_3_add_relu
+    void* args[] = { buffers[3], buffers[4], buffers[0], buffers[5], buffers[0] + 4096 };
+    timer.start(0);
+    err = flowc_host::launch((const void*)conv2d_3_add_relu, "conv2d_3_add_relu", dim3{ 1, 1, 4 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // avg_pool2d_8
+    void* args[] = { buffers[0] + 4096, buffers[0] };
+    timer.start(1);
+    err = flowc_host::launch((const void*)avg_pool2d_8, "avg_pool2d_8", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(1);
+    if (err) return err;
+  }
+  {  // max_pool2d_9
+    void* args[] = { buffers[0] + 4096, buffers[0] + 1024 };
+    timer.start(2);
+    err = flowc_host::launch((const void*)max_pool2d_9, "max_pool2d_9", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(2);
+    if (err) return err;
+  }
+  {  // concat_10
+    void* args[] = { buffers[0], buffers[0] + 1024, buffers[0] + 2048 };
+    timer.start(3);
+    err = flowc_host::launch((const void*)concat_10, "concat_10", dim3{ 2, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(3);
+    if (err) return err;
+  }
+  {  // matmul_13_add
+    void* args[] = { buffers[6], buffers[0] + 128, buffers[0] + 2048, buffers[7], buffers[0] };
+    timer.start(4);
+    err = flowc_host::launch((const void*)matmul_13_add, "matmul_13_add", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(4);
+    if (err) return err;
+  }
+  {  // sparse_softmax_cross_entropy_16
+    void* args[] = { buffers[0] + 128, buffers[8], buffers[0], buffers[2] };
+    timer.start(5);
+    err = flowc_host::launch((const void*)sparse_softmax_cross_entropy_16, "sparse_softmax_cross_entropy_16", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(5);
+    if (err) return err;
+  }
+  {  // softmax_18
+    void* args[] = { buffers[0] + 128, buffers[0] + 256 };
+    timer.start(6);
+    err = flowc_host::launch((const void*)softmax_18, "softmax_18", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(6);
+    if (err) return err;
+  }
+  {  // reduce_max_19
+    void* args[] = { buffers[0] + 256, buffers[0] + 64 };
+    timer.start(7);
+    err = flowc_host::launch((const void*)reduce_max_19, "reduce_max_19", dim3{ 4, 1, 1 }, dim3{ 32, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(7);
+    if (err) return err;
+  }
+  {  // loop_20
+    void* args[] = { buffers[0], buffers[0] + 64, buffers[0] + 384 };
+    timer.start(8);
+    err = flowc_host::launch((const void*)loop_20, "loop_20", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(8);
+    if (err) return err;
+  }
+  {  // loop_21
+    void* args[] = { buffers[0] + 448 };
+    timer.start(9);
+    err = flowc_host::launch((const void*)loop_21, "loop_21", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 1);
+    timer.stop(9);
+    if (err) return err;
+  }
+  {  // loop_24
+    void* args[] = { buffers[0] + 64, buffers[0] + 256, buffers[0] + 512 };
+    timer.start(10);
+    err = flowc_host::launch((const void*)loop_24, "loop_24", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(10);
+    if (err) return err;
+  }
+  {  // reduce_sum_25_divide
+    void* args[] = { buffers[0] + 448, buffers[0] + 640, buffers[0] + 512, buffers[0] + 64 };
+    timer.start(11);
+    err = flowc_host::launch((const void*)reduce_sum_25_divide, "reduce_sum_25_divide", dim3{ 4, 1, 1 }, dim3{ 32, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(11);
+    if (err) return err;
+  }
+  {  // loop_28
+    void* args[] = { buffers[0] + 512, buffers[0] + 640, buffers[0] + 704 };
+    timer.start(12);
+    err = flowc_host::launch((const void*)loop_28, "loop_28", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(12);
+    if (err) return err;
+  }
+  {  // loop_29
+    void* args[] = { buffers[0] + 704, buffers[0] + 256, buffers[0] + 448 };
+    timer.start(13);
+    err = flowc_host::launch((const void*)loop_29, "loop_29", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(13);
+    if (err) return err;
+  }
+  {  // reduce_sum_30
+    void* args[] = { buffers[0] + 448, buffers[0] + 64 };
+    timer.start(14);
+    err = flowc_host::launch((const void*)reduce_sum_30, "reduce_sum_30", dim3{ 4, 1, 1 }, dim3{ 32, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(14);
+    if (err) return err;
+  }
+  {  // loop_36
+    void* args[] = { buffers[0], buffers[0] + 448 };
+    timer.start(15);
+    err = flowc_host::launch((const void*)loop_36, "loop_36", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(15);
+    if (err) return err;
+  }
+  {  // sparse_softmax_cross_entropy_grad_37
+    void* args[] = { buffers[0] + 128, buffers[8], buffers[0] + 448, buffers[0] + 512, buffers[2] };
+    timer.start(16);
+    err = flowc_host::launch((const void*)sparse_softmax_cross_entropy_grad_37, "sparse_softmax_cross_entropy_grad_37", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(16);
+    if (err) return err;
+  }
+  {  // loop_38
+    void* args[] = { buffers[0] + 704, buffers[0] + 64, buffers[0] + 256, buffers[0] + 512, buffers[0] + 128 };
+    timer.start(17);
+    err = flowc_host::launch((const void*)loop_38, "loop_38", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(17);
+    if (err) return err;
+  }
+  {  // matmul_40
+    void* args[] = { buffers[0] + 128, buffers[7], buffers[0] + 8192 };
+    timer.start(18);
+    err = flowc_host::launch((const void*)matmul_40, "matmul_40", dim3{ 2, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(18);
+    if (err) return err;
+  }
+  {  // slice_axis_43
+    void* args[] = { buffers[0] + 8192, buffers[0] + 448 };
+    timer.start(19);
+    err = flowc_host::launch((const void*)slice_axis_43, "slice_axis_43", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(19);
+    if (err) return err;
+  }
+  {  // slice_axis_44
+    void* args[] = { buffers[0] + 8192, buffers[0] + 10240 };
+    timer.start(20);
+    err = flowc_host::launch((const void*)slice_axis_44, "slice_axis_44", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(20);
+    if (err) return err;
+  }
+  {  // max_pool2d_grad_45
+    void* args[] = { buffers[0] + 4096, buffers[0] + 10240, buffers[0] + 11264 };
+    timer.start(21);
+    err = flowc_host::launch((const void*)max_pool2d_grad_45, "max_pool2d_grad_45", dim3{ 4, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(21);
+    if (err) return err;
+  }
+  {  // avg_pool2d_grad_46
+    void* args[] = { buffers[0] + 448, buffers[0] + 15360 };
+    timer.start(22);
+    err = flowc_host::launch((const void*)avg_pool2d_grad_46, "avg_pool2d_grad_46", dim3{ 4, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(22);
+    if (err) return err;
+  }
+  {  // loop_48
+    void* args[] = { buffers[0] + 11264, buffers[0] + 15360, buffers[0] + 4096, buffers[0] + 19456 };
+    timer.start(23);
+    err = flowc_host::launch((const void*)loop_48, "loop_48", dim3{ 4, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(23);
+    if (err) return err;
+  }
+  {  // reduce_sum_49
+    void* args[] = { buffers[0] + 19456, buffers[0] };
+    timer.start(24);
+    err = flowc_host::launch((const void*)reduce_sum_49, "reduce_sum_49", dim3{ 16, 1, 1 }, dim3{ 64, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(24);
+    if (err) return err;
+  }
+  {  // reduce_sum_50
+    void* args[] = { buffers[0], buffers[0] + 64 };
+    timer.start(25);
+    err = flowc_host::launch((const void*)reduce_sum_50, "reduce_sum_50", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(25);
+    if (err) return err;
+  }
+  {  // conv2d_grad_filter_52
+    void* args[] = { buffers[3], buffers[0] + 19456, buffers[0] + 448 };
+    timer.start(26);
+    err = flowc_host::launch((const void*)conv2d_grad_filter_52, "conv2d_grad_filter_52", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(26);
+    if (err) return err;
+  }
+  {  // optimizer_update
+    void* args[] = { buffers[9], buffers[0] + 448, buffers[9], buffers[10], buffers[10], buffers[11], buffers[4], buffers[4], buffers[12], buffers[0] + 64, buffers[12], buffers[13], buffers[13], buffers[5], buffers[5] };
+    timer.start(27);
+    err = flowc_host::launch((const void*)optimizer_update, "optimizer_update", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 15);
+    timer.stop(27);
+    if (err) return err;
+  }
+  {  // matmul_41_multiply_add_sqrt_divide_subtract
+    void* args[] = { buffers[14], buffers[14], buffers[15], buffers[15], buffers[11], buffers[7], buffers[7], buffers[0] + 128, buffers[0] + 2048, buffers[0] + 4096 };
+    timer.start(28);
+    err = flowc_host::launch((const void*)matmul_41_multiply_add_sqrt_divide_subtract, "matmul_41_multiply_add_sqrt_divide_subtract", dim3{ 2, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 10);
+    timer.stop(28);
+    if (err) return err;
+  }
+  {  // reduce_sum_39_multiply_add_sqrt_divide_subtract
+    void* args[] = { buffers[16], buffers[16], buffers[17], buffers[17], buffers[11], buffers[6], buffers[6], buffers[0] + 128, buffers[0] };
+    timer.start(29);
+    err = flowc_host::launch((const void*)reduce_sum_39_multiply_add_sqrt_divide_subtract, "reduce_sum_39_multiply_add_sqrt_divide_subtract", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 9);
+    timer.stop(29);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[0] + 384, 16, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(30);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP

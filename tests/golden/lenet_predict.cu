@@ -19,6 +19,7 @@
 //   variable 'dense1-weight'
 //   variable 'dense2-bias'
 //   variable 'dense2-weight'
+//   input 1
 #include "flowc_cuda.h"
 #include "flowc_cuda_gemm.h"
 
@@ -165,3 +166,89 @@ extern "C" __global__ void __launch_bounds__(256) matmul_23_add(const float* FLO
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] input 0
+//                [4] variable 'conv1-weight'
+//                [5] variable 'conv1-bias'
+//                [6] variable 'conv2-weight'
+//                [7] variable 'conv2-bias'
+//                [8] variable 'dense1-bias'
+//                [9] variable 'dense1-weight'
+//                [10] variable 'dense2-bias'
+//                [11] variable 'dense2-weight'
+//                [12] input 1
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 6, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // conv2d_3_add_relu
+    void* args[] = { buffers[3], buffers[4], buffers[0], buffers[5], buffers[0] + 10035200 };
+    timer.start(0);
+    err = flowc_host::launch((const void*)conv2d_3_add_relu, "conv2d_3_add_relu", dim3{ 13, 1, 100 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // max_pool2d_8
+    void* args[] = { buffers[0] + 10035200, buffers[0] };
+    timer.start(1);
+    err = flowc_host::launch((const void*)max_pool2d_8, "max_pool2d_8", dim3{ 2450, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(1);
+    if (err) return err;
+  }
+  {  // conv2d_10_add_relu
+    void* args[] = { buffers[0], buffers[6], buffers[0] + 2508800, buffers[7], buffers[0] + 7526400 };
+    timer.start(2);
+    err = flowc_host::launch((const void*)conv2d_10_add_relu, "conv2d_10_add_relu", dim3{ 4, 1, 100 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(2);
+    if (err) return err;
+  }
+  {  // max_pool2d_15
+    void* args[] = { buffers[0] + 7526400, buffers[0] };
+    timer.start(3);
+    err = flowc_host::launch((const void*)max_pool2d_15, "max_pool2d_15", dim3{ 1225, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(3);
+    if (err) return err;
+  }
+  {  // matmul_18_add_relu
+    void* args[] = { buffers[8], buffers[0] + 1459200, buffers[0], buffers[9], buffers[0] + 1254400 };
+    timer.start(4);
+    err = flowc_host::launch((const void*)matmul_18_add_relu, "matmul_18_add_relu", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(4);
+    if (err) return err;
+  }
+  {  // matmul_23_add
+    void* args[] = { buffers[10], buffers[0] + 4032, buffers[0] + 1459200, buffers[11], buffers[0] };
+    timer.start(5);
+    err = flowc_host::launch((const void*)matmul_23_add, "matmul_23_add", dim3{ 1, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(5);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[12], 400, s))) return err;
+  if ((err = flowc_host::copy_to_host(outputs[1], buffers[0] + 4032, 4000, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(6);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP

@@ -716,3 +716,274 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_32_multiply_subtrac
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] input 0
+//                [4] variable 'conv1-weight'
+//                [5] variable 'conv1-bias'
+//                [6] variable 'conv2-weight'
+//                [7] variable 'conv2-bias'
+//                [8] scalar 'train_step'
+//                [9] variable 'dense1-bias'
+//                [10] variable 'dense1-weight'
+//                [11] variable 'dense2-bias'
+//                [12] variable 'dense2-weight'
+//                [13] input 1
+//                [14] scalar 'learning_rate:float32'
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs, the status of the kernels that check their data.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 29, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // conv2d_3_add_relu
+    void* args[] = { buffers[3], buffers[4], buffers[0], buffers[5], buffers[0] + 10035200 };
+    timer.start(0);
+    err = flowc_host::launch((const void*)conv2d_3_add_relu, "conv2d_3_add_relu", dim3{ 13, 1, 100 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // max_pool2d_8
+    void* args[] = { buffers[0] + 10035200, buffers[0] };
+    timer.start(1);
+    err = flowc_host::launch((const void*)max_pool2d_8, "max_pool2d_8", dim3{ 2450, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(1);
+    if (err) return err;
+  }
+  {  // conv2d_10_add_relu
+    void* args[] = { buffers[0], buffers[6], buffers[0] + 2508800, buffers[7], buffers[0] + 20070400 };
+    timer.start(2);
+    err = flowc_host::launch((const void*)conv2d_10_add_relu, "conv2d_10_add_relu", dim3{ 4, 1, 100 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(2);
+    if (err) return err;
+  }
+  {  // max_pool2d_15
+    void* args[] = { buffers[0] + 20070400, buffers[0] + 2508800 };
+    timer.start(3);
+    err = flowc_host::launch((const void*)max_pool2d_15, "max_pool2d_15", dim3{ 1225, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(3);
+    if (err) return err;
+  }
+  {  // loop_23
+    void* args[] = { buffers[8], buffers[0] + 3763200 };
+    timer.start(4);
+    err = flowc_host::launch((const void*)loop_23, "loop_23", dim3{ 200, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(4);
+    if (err) return err;
+  }
+  {  // matmul_18_add_relu_multiply
+    void* args[] = { buffers[9], buffers[0] + 4172800, buffers[0] + 3763200, buffers[0] + 4377600, buffers[0] + 2508800, buffers[10], buffers[0] + 3968000 };
+    timer.start(5);
+    err = flowc_host::launch((const void*)matmul_18_add_relu_multiply, "matmul_18_add_relu_multiply", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 7);
+    timer.stop(5);
+    if (err) return err;
+  }
+  {  // matmul_26_add
+    void* args[] = { buffers[11], buffers[0] + 3972032, buffers[0] + 4377600, buffers[12], buffers[0] + 3968000 };
+    timer.start(6);
+    err = flowc_host::launch((const void*)matmul_26_add, "matmul_26_add", dim3{ 1, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(6);
+    if (err) return err;
+  }
+  {  // loop_30
+    void* args[] = { buffers[0] + 3968000 };
+    timer.start(7);
+    err = flowc_host::launch((const void*)loop_30, "loop_30", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 1);
+    timer.stop(7);
+    if (err) return err;
+  }
+  {  // softmax_xent_fwd_bwd_29
+    void* args[] = { buffers[0] + 3972032, buffers[13], buffers[0] + 3968448, buffers[0] + 3968000, buffers[0] + 3976064, buffers[2] };
+    timer.start(8);
+    err = flowc_host::launch((const void*)softmax_xent_fwd_bwd_29, "softmax_xent_fwd_bwd_29", dim3{ 13, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(8);
+    if (err) return err;
+  }
+  {  // matmul_33_multiply_relu_grad
+    void* args[] = { buffers[0] + 3763200, buffers[0] + 4172800, buffers[0] + 4787200, buffers[0] + 3976064, buffers[12], buffers[0] + 4582400 };
+    timer.start(9);
+    err = flowc_host::launch((const void*)matmul_33_multiply_relu_grad, "matmul_33_multiply_relu_grad", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(9);
+    if (err) return err;
+  }
+  {  // matmul_38
+    void* args[] = { buffers[0] + 4787200, buffers[10], buffers[0] + 4992000 };
+    timer.start(10);
+    err = flowc_host::launch((const void*)matmul_38, "matmul_38", dim3{ 49, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(10);
+    if (err) return err;
+  }
+  {  // max_pool2d_grad_41
+    void* args[] = { buffers[0] + 20070400, buffers[0] + 4992000, buffers[0] + 25088000 };
+    timer.start(11);
+    err = flowc_host::launch((const void*)max_pool2d_grad_41, "max_pool2d_grad_41", dim3{ 4900, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(11);
+    if (err) return err;
+  }
+  {  // loop_42
+    void* args[] = { buffers[0] + 20070400, buffers[0] + 25088000, buffers[0] + 4992000 };
+    timer.start(12);
+    err = flowc_host::launch((const void*)loop_42, "loop_42", dim3{ 4900, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(12);
+    if (err) return err;
+  }
+  {  // reduce_sum_43
+    void* args[] = { buffers[0] + 4992000, buffers[0] + 3763200 };
+    timer.start(13);
+    err = flowc_host::launch((const void*)reduce_sum_43, "reduce_sum_43", dim3{ 6400, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(13);
+    if (err) return err;
+  }
+  {  // reduce_sum_44
+    void* args[] = { buffers[0] + 3763200, buffers[0] + 3788800 };
+    timer.start(14);
+    err = flowc_host::launch((const void*)reduce_sum_44, "reduce_sum_44", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(14);
+    if (err) return err;
+  }
+  {  // conv2d_grad_input_46
+    void* args[] = { buffers[6], buffers[0] + 4992000, buffers[0] + 20070400 };
+    timer.start(15);
+    err = flowc_host::launch((const void*)conv2d_grad_input_46, "conv2d_grad_input_46", dim3{ 2450, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(15);
+    if (err) return err;
+  }
+  {  // conv2d_grad_filter_47
+    void* args[] = { buffers[0], buffers[0] + 4992000, buffers[0] + 3980096, buffers[1] };
+    timer.start(16);
+    err = flowc_host::launch((const void*)conv2d_grad_filter_47, "conv2d_grad_filter_47", dim3{ 13, 1, 10 }, dim3{ 256, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(16);
+    if (err) return err;
+  }
+  {  // conv2d_grad_filter_47_sum
+    void* args[] = { buffers[0] + 3980096, buffers[1] };
+    timer.start(17);
+    err = flowc_host::launch((const void*)conv2d_grad_filter_47_sum, "conv2d_grad_filter_47_sum", dim3{ 200, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(17);
+    if (err) return err;
+  }
+  {  // max_pool2d_grad_48
+    void* args[] = { buffers[0] + 10035200, buffers[0] + 20070400, buffers[0] + 22579200 };
+    timer.start(18);
+    err = flowc_host::launch((const void*)max_pool2d_grad_48, "max_pool2d_grad_48", dim3{ 9800, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(18);
+    if (err) return err;
+  }
+  {  // loop_49
+    void* args[] = { buffers[0] + 10035200, buffers[0] + 22579200, buffers[0] + 32614400 };
+    timer.start(19);
+    err = flowc_host::launch((const void*)loop_49, "loop_49", dim3{ 9800, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 3);
+    timer.stop(19);
+    if (err) return err;
+  }
+  {  // reduce_sum_50
+    void* args[] = { buffers[0] + 32614400, buffers[0] };
+    timer.start(20);
+    err = flowc_host::launch((const void*)reduce_sum_50, "reduce_sum_50", dim3{ 3200, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(20);
+    if (err) return err;
+  }
+  {  // reduce_sum_51
+    void* args[] = { buffers[0], buffers[0] + 12800 };
+    timer.start(21);
+    err = flowc_host::launch((const void*)reduce_sum_51, "reduce_sum_51", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(21);
+    if (err) return err;
+  }
+  {  // conv2d_grad_filter_53
+    void* args[] = { buffers[3], buffers[0] + 32614400, buffers[0], buffers[1] };
+    timer.start(22);
+    err = flowc_host::launch((const void*)conv2d_grad_filter_53, "conv2d_grad_filter_53", dim3{ 1, 1, 39 }, dim3{ 256, 1, 1 },
+                             0, s, args, 4);
+    timer.stop(22);
+    if (err) return err;
+  }
+  {  // conv2d_grad_filter_53_sum
+    void* args[] = { buffers[0], buffers[1] };
+    timer.start(23);
+    err = flowc_host::launch((const void*)conv2d_grad_filter_53_sum, "conv2d_grad_filter_53_sum", dim3{ 4, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 2);
+    timer.stop(23);
+    if (err) return err;
+  }
+  {  // optimizer_update
+    void* args[] = { buffers[14], buffers[0], buffers[4], buffers[4], buffers[0] + 12800, buffers[5], buffers[5], buffers[0] + 3980096, buffers[6], buffers[6], buffers[0] + 3788800, buffers[7], buffers[7] };
+    timer.start(24);
+    err = flowc_host::launch((const void*)optimizer_update, "optimizer_update", dim3{ 204, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 13);
+    timer.stop(24);
+    if (err) return err;
+  }
+  {  // matmul_39_multiply_subtract
+    void* args[] = { buffers[14], buffers[10], buffers[10], buffers[0] + 4787200, buffers[0] + 2508800, buffers[0] + 4992000 };
+    timer.start(25);
+    err = flowc_host::launch((const void*)matmul_39_multiply_subtract, "matmul_39_multiply_subtract", dim3{ 49, 8, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(25);
+    if (err) return err;
+  }
+  {  // reduce_sum_37_multiply_subtract
+    void* args[] = { buffers[14], buffers[9], buffers[9], buffers[0] + 4787200, buffers[0] };
+    timer.start(26);
+    err = flowc_host::launch((const void*)reduce_sum_37_multiply_subtract, "reduce_sum_37_multiply_subtract", dim3{ 2, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(26);
+    if (err) return err;
+  }
+  {  // matmul_34_multiply_subtract
+    void* args[] = { buffers[14], buffers[12], buffers[12], buffers[0] + 3976064, buffers[0] + 4377600, buffers[0] };
+    timer.start(27);
+    err = flowc_host::launch((const void*)matmul_34_multiply_subtract, "matmul_34_multiply_subtract", dim3{ 8, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(27);
+    if (err) return err;
+  }
+  {  // reduce_sum_32_multiply_subtract
+    void* args[] = { buffers[14], buffers[11], buffers[11], buffers[0] + 3976064, buffers[0] };
+    timer.start(28);
+    err = flowc_host::launch((const void*)reduce_sum_32_multiply_subtract, "reduce_sum_32_multiply_subtract", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(28);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[0] + 3968448, 400, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(29);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP

@@ -11,6 +11,7 @@
 //   variable 'hidden-weight'
 //   variable 'output-bias'
 //   variable 'output-weight'
+//   input 1
 #include "flowc_cuda.h"
 #include "flowc_cuda_gemm.h"
 
@@ -59,3 +60,53 @@ extern "C" __global__ void __launch_bounds__(256) matmul_9_add(const float* FLOW
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] variable 'hidden-bias'
+//                [4] input 0
+//                [5] variable 'hidden-weight'
+//                [6] variable 'output-bias'
+//                [7] variable 'output-weight'
+//                [8] input 1
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 2, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // matmul_4_add_relu
+    void* args[] = { buffers[3], buffers[0] + 204800, buffers[4], buffers[5], buffers[0] };
+    timer.start(0);
+    err = flowc_host::launch((const void*)matmul_4_add_relu, "matmul_4_add_relu", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // matmul_9_add
+    void* args[] = { buffers[6], buffers[0] + 4032, buffers[0] + 204800, buffers[7], buffers[0] };
+    timer.start(1);
+    err = flowc_host::launch((const void*)matmul_9_add, "matmul_9_add", dim3{ 1, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(1);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[8], 400, s))) return err;
+  if ((err = flowc_host::copy_to_host(outputs[1], buffers[0] + 4032, 4000, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(2);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP

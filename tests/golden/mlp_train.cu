@@ -237,3 +237,109 @@ extern "C" __global__ void __launch_bounds__(256) reduce_sum_15_multiply_subtrac
   }
 }
 
+#ifdef FLOWC_HOST_STEP
+// The host step (built into the step's shared library with -DFLOWC_HOST_STEP; the cubin of the
+// per-launch fallback leaves it out): one call per step, from runtime/cuda_executor.py, runs the
+// launches above on `stream`, then the device copies, then downloads what the host reads.
+//   buffers:     device addresses: [0] the arena, [1] the scratch buffer, [2] the status int, then
+//                [3] variable 'hidden-bias'
+//                [4] input 0
+//                [5] variable 'hidden-weight'
+//                [6] variable 'output-bias'
+//                [7] variable 'output-weight'
+//                [8] input 1
+//                [9] scalar 'learning_rate:float32'
+//   outputs:     page-locked host buffers, one per output of the job, in order
+//   host_status: a page-locked int the status is copied into
+//   launch_ms:   NULL, or one float per launch that the launch's GPU milliseconds are added to
+// Returns 0, a CUDA error (> 0; flowc_step_error names it), or -1 when a check_numerics check set
+// the status (in *host_status; the launches after it did not run).
+// It waits for the stream at the end: the host reads the outputs, the status of the kernels that check their data.
+#include "flowc_cuda_host.h"
+
+extern "C" int flowc_step(void* stream, char* const* buffers, void* const* outputs, int* host_status,
+                          float* launch_ms) {
+  flowc_host::Stream s = (flowc_host::Stream)stream;
+  flowc_host::Timer timer(launch_ms, 9, s);
+  int err = flowc_host::clear_status(buffers[2], s);
+  if (err) return err;
+  {  // matmul_4_add_relu
+    void* args[] = { buffers[3], buffers[0] + 204800, buffers[4], buffers[5], buffers[0] };
+    timer.start(0);
+    err = flowc_host::launch((const void*)matmul_4_add_relu, "matmul_4_add_relu", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(0);
+    if (err) return err;
+  }
+  {  // matmul_9_add
+    void* args[] = { buffers[6], buffers[0] + 4032, buffers[0] + 204800, buffers[7], buffers[0] };
+    timer.start(1);
+    err = flowc_host::launch((const void*)matmul_9_add, "matmul_9_add", dim3{ 1, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(1);
+    if (err) return err;
+  }
+  {  // loop_13
+    void* args[] = { buffers[0] };
+    timer.start(2);
+    err = flowc_host::launch((const void*)loop_13, "loop_13", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 1);
+    timer.stop(2);
+    if (err) return err;
+  }
+  {  // softmax_xent_fwd_bwd_12
+    void* args[] = { buffers[0] + 4032, buffers[8], buffers[0] + 448, buffers[0], buffers[0] + 8064, buffers[2] };
+    timer.start(3);
+    err = flowc_host::launch((const void*)softmax_xent_fwd_bwd_12, "softmax_xent_fwd_bwd_12", dim3{ 13, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(3);
+    if (err) return err;
+  }
+  {  // matmul_16_relu_grad
+    void* args[] = { buffers[0] + 204800, buffers[0] + 614400, buffers[0] + 8064, buffers[7], buffers[0] + 409600 };
+    timer.start(4);
+    err = flowc_host::launch((const void*)matmul_16_relu_grad, "matmul_16_relu_grad", dim3{ 8, 2, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(4);
+    if (err) return err;
+  }
+  {  // matmul_20_multiply_subtract
+    void* args[] = { buffers[9], buffers[5], buffers[5], buffers[0] + 614400, buffers[4], buffers[0] + 819200 };
+    timer.start(5);
+    err = flowc_host::launch((const void*)matmul_20_multiply_subtract, "matmul_20_multiply_subtract", dim3{ 13, 8, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(5);
+    if (err) return err;
+  }
+  {  // reduce_sum_19_multiply_subtract
+    void* args[] = { buffers[9], buffers[3], buffers[3], buffers[0] + 614400, buffers[0] + 896 };
+    timer.start(6);
+    err = flowc_host::launch((const void*)reduce_sum_19_multiply_subtract, "reduce_sum_19_multiply_subtract", dim3{ 2, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(6);
+    if (err) return err;
+  }
+  {  // matmul_17_multiply_subtract
+    void* args[] = { buffers[9], buffers[7], buffers[7], buffers[0] + 8064, buffers[0] + 204800, buffers[0] + 12096 };
+    timer.start(7);
+    err = flowc_host::launch((const void*)matmul_17_multiply_subtract, "matmul_17_multiply_subtract", dim3{ 8, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 6);
+    timer.stop(7);
+    if (err) return err;
+  }
+  {  // reduce_sum_15_multiply_subtract
+    void* args[] = { buffers[9], buffers[6], buffers[6], buffers[0] + 8064, buffers[0] };
+    timer.start(8);
+    err = flowc_host::launch((const void*)reduce_sum_15_multiply_subtract, "reduce_sum_15_multiply_subtract", dim3{ 1, 1, 1 }, dim3{ 256, 1, 1 },
+                             0, s, args, 5);
+    timer.stop(8);
+    if (err) return err;
+  }
+  if ((err = flowc_host::copy_to_host(outputs[0], buffers[0] + 448, 400, s))) return err;
+  if ((err = flowc_host::copy_to_host(host_status, buffers[2], sizeof(int), s))) return err;
+  if ((err = flowc_host::synchronize(s))) return err;
+  return timer.finish(9);
+}
+
+extern "C" const char* flowc_step_error(int code) { return flowc_host::error_string(code); }
+#endif  // FLOWC_HOST_STEP
