@@ -47,6 +47,16 @@ def bn_case(x, axis, gamma=True, beta=True, eps=1e-3):
     return fn, [x] + params
 
 
+def bn_relu_case(x, axis):
+    """fn, inputs: relu(batch_norm(x) + z), the residual block's ending (an epilogue of batch_norm)."""
+    fn, inputs = bn_case(x, axis)
+
+    def with_relu(x, g, b, z):
+        y, stats = fn(x, g, b)
+        return flow.nn.relu(y + z), stats
+    return with_relu, inputs + [_normal(*x.shape)]
+
+
 CASES = {
     "nchw": bn_case(_normal(4, 3, 5, 5), 1),
     "nhwc": bn_case(_normal(4, 5, 5, 3), 3),
@@ -59,6 +69,8 @@ CASES = {
     "no_params": bn_case(_normal(3, 2, 4, 2), 1, gamma=False, beta=False),
     "float64": bn_case(_normal(3, 2, 3, 3, dtype=np.float64), 1),
     "eps_0_1": bn_case(_normal(2, 4, 3, 3), 1, eps=0.1),
+    "relu_epilogue_nchw": bn_relu_case(_normal(3, 4, 3, 3), 1),
+    "relu_epilogue_nhwc": bn_relu_case(_normal(3, 3, 3, 4), 3),
 }
 
 
@@ -85,6 +97,16 @@ def test_compiled_cpu_equals_the_reference(name):
     ops = {n.op for n in case.graph.nodes}
     assert {"batch_norm_stats", "batch_norm", "batch_norm_grad_sums", "batch_norm_grad"} <= ops
     assert_match(case.compiled, case.reference)
+
+
+def test_relu_and_a_residual_add_run_in_the_write_back():
+    for name in ("relu_epilogue_nchw", "relu_epilogue_nhwc"):
+        fn, inputs = CASES[name]
+        graph, _, _ = trace_case(fn, inputs, grads=False)
+        names = [k.name for k in lower(graph).kernels]
+        assert any(n.startswith("batch_norm_") and n.endswith("_add_relu") for n in names), names
+        case = compile_case(fn, inputs, grads=False)
+        assert_match(case.compiled, case.reference)
 
 
 @pytest.mark.parametrize("name", ["nchw", "nhwc", "dense_2d", "no_gamma", "no_params", "middle_axis"])
@@ -241,6 +263,7 @@ def test_cuda_kernels_equal_the_reference_in_the_emulator(tmp_path):
         pytest.skip("g++ runs the CUDA emulator")
     picked = {"nchw": CASES["nchw"], "nhwc_channel_blocks": CASES["nhwc_channel_blocks"],
               "no_gamma": CASES["no_gamma"], "no_params": CASES["no_params"],
+              "relu_epilogue_nchw": CASES["relu_epilogue_nchw"],
               "large_mean": bn_case(_normal(4, 2, 3, 3, mean=1e4, std=1.0), 1)}
     built = {}
     for i, (name, (fn, inputs)) in enumerate(picked.items()):

@@ -5,6 +5,8 @@
 codegen_templates/<backend>/<op>.<ext>.j2.  The CPU parallelises over channels (blocks of
 `CHANNEL_BLOCK` adjacent channels when inner is 1, NHWC, so each thread reads whole cache lines of a
 row); the GPU gives the per-channel sums one block per channel, and y and dx one thread per element.
+batch_norm's kernel runs its consumer loop (relu, a residual add) in its write-back, as a reduction's
+(compiler/passes/fusion.py).
 Attributes reach the source as literals only.
 """
 from __future__ import annotations
@@ -39,6 +41,11 @@ class BatchNormGeometry:
         for name, node in zip(names, a.inputs[1:]):
             ctx[name] = params.use(node)
         ctx["OUT"] = params.use(a.id)
+        # batch_norm's consumer loop (relu, a residual add) in its write-back (passes/fusion.py): operands
+        # of y's shape read at y's linear index i, scalars at 0
+        assert a.op == "batch_norm" or not k.members, f"{a.op} has no epilogue"
+        ctx["epilogue"] = self.pointwise_lines(k, k.members, params,  # type: ignore[attr-defined]
+                                               lambda s: "i" if any(s) else "0", anchor_value="acc")
         return ctx
 
 
