@@ -103,8 +103,12 @@ def test_relu_and_a_residual_add_run_in_the_write_back():
     for name in ("relu_epilogue_nchw", "relu_epilogue_nhwc"):
         fn, inputs = CASES[name]
         graph, _, _ = trace_case(fn, inputs, grads=False)
-        names = [k.name for k in lower(graph).kernels]
+        program = lower(graph)
+        names = [k.name for k in program.kernels]
         assert any(n.startswith("batch_norm_") and n.endswith("_add_relu") for n in names), names
+        # y, read only by the fused add, is never written to memory
+        (y,) = [n.id for n in program.graph.nodes if n.op == "batch_norm"]
+        assert y not in program.memory.storage
         case = compile_case(fn, inputs, grads=False)
         assert_match(case.compiled, case.reference)
 

@@ -40,7 +40,8 @@ class BatchNormGeometry:
         names = [n.split("?")[0] for n in _INPUTS[a.op] if "?" not in n or a.attr(n.split("?")[1])]
         for name, node in zip(names, a.inputs[1:]):
             ctx[name] = params.use(node)
-        ctx["OUT"] = params.use(a.id)
+        # y itself is written where it is stored (batch_norm with an epilogue: only if another kernel reads it)
+        ctx["OUT"] = params.use(a.id) if self.stored(a.id, k) else None  # type: ignore[attr-defined]
         # batch_norm's consumer loop (relu, a residual add) in its write-back (passes/fusion.py): operands
         # of y's shape read at y's linear index i, scalars at 0
         assert a.op == "batch_norm" or not k.members, f"{a.op} has no epilogue"
