@@ -20,6 +20,7 @@ import flow.typing as tp
 from flowc.compiler.pipeline import lower
 from flowc.compiler.reference import run_reference
 from flowc.compiler.trace import emit
+from flowc.runtime.job import _runtime_scalars
 from flowc.runtime.session import default_session
 from tests.oracle import compile_case, cotangents, finite_difference_check, trace_case
 
@@ -284,3 +285,44 @@ def test_cuda_kernels_equal_the_reference_in_the_emulator(tmp_path):
         want, _ = run_reference(program.graph, feeds, {})
         assert status == 0, name
         assert_match(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_float16_and_mixed_precision_jobs_train_against_the_reference():
+    """float16 inputs keep the composed form (the fused kernels are float32/float64); under AMP the
+    fused ops are on no list and stay float32 between the float16 convolutions."""
+    x16 = _normal(*SHAPE).astype(np.float16)
+
+    @flow.global_function(type="train")
+    def half_bn(x: tp.Numpy.Placeholder(SHAPE, dtype=flow.float16)) -> tp.Numpy:
+        w = flow.get_variable("w16", shape=(1, 3, 1, 1), dtype=flow.float16, initializer=flow.ones_initializer())
+        y = flow.layers.batch_normalization(x * w, axis=1, name="bn16")
+        y32 = flow.cast(y, flow.float32)
+        loss = flow.math.reduce_mean(y32 * y32)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss
+
+    config = flow.function_config()
+    config.enable_auto_mixed_precision(True)
+
+    @flow.global_function(type="train", function_config=config)
+    def amp_conv_bn(x: tp.Numpy.Placeholder(SHAPE)) -> tp.Numpy:
+        y = flow.layers.conv2d(x, 4, 3, padding="SAME", use_bias=False, name="amp_conv")
+        y = flow.nn.relu(flow.layers.batch_normalization(y, axis=1, name="amp_bn"))
+        loss = flow.math.reduce_mean(y * y)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss
+
+    session = default_session()
+    for job, x, fused, rtol in ((half_bn, x16, False, 2e-2), (amp_conv_bn, _normal(*SHAPE), True, 1e-2)):
+        traced = job._trace(session)
+        graph = traced.graph
+        ops = {n.op for n in graph.nodes}
+        assert ("batch_norm_stats" in ops) == fused and ("reduce_sum" in ops or fused)
+        if fused:
+            assert all(n.type.dtype == "float32" for n in graph.nodes if n.op.startswith("batch_norm"))
+        before = {name: session.value(name).copy() for name in graph.variables}
+        want, updates = run_reference(graph, [x], before, _runtime_scalars(traced, 0))
+        np.testing.assert_allclose(job(x), want[0], rtol=rtol, atol=1e-3)
+        for name, value in updates.items():
+            np.testing.assert_allclose(session.value(name).astype(np.float32), value.astype(np.float32),
+                                       rtol=rtol, atol=1e-3, err_msg=name)
