@@ -133,15 +133,10 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     kept[axis] = channels
     reduce_axes = [d for d in range(rank) if d != axis]
 
-    def variable(suffix, initializer, is_trainable, regularizer=None):
-        v = get_variable(f"{name}-{suffix}", shape=(channels,), dtype=x.dtype, initializer=initializer,
-                         regularizer=regularizer, trainable=is_trainable)
-        return reshape(v, kept), v
-
-    moving_mean, mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(),
-                                   False)
-    moving_var, mv_var = variable("moving_variance",
-                                  moving_variance_initializer or initializers.ones_initializer(), False)
+    mm_var = get_variable(f"{name}-moving_mean", shape=(channels,), dtype=x.dtype, trainable=False,
+                          initializer=moving_mean_initializer or initializers.zeros_initializer())
+    mv_var = get_variable(f"{name}-moving_variance", shape=(channels,), dtype=x.dtype, trainable=False,
+                          initializer=moving_variance_initializer or initializers.ones_initializer())
     training = ctx.job_type == "train" and training and trainable   # OneFlow: trainable=False never trains
     gamma = beta = None
     if scale:
@@ -161,7 +156,7 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         _update_moving(ctx, mm_var, mv_var, reshape(mean, [channels]), reshape(var, [channels]),
                        momentum, x.type.size // channels)
     else:
-        centered, var = x - moving_mean, moving_var
+        centered, var = x - reshape(mm_var, kept), reshape(mv_var, kept)
     out = centered / math.sqrt(var + epsilon)
     if gamma is not None:
         out = out * reshape(gamma, kept)
