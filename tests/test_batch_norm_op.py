@@ -58,6 +58,16 @@ def bn_relu_case(x, axis):
     return with_relu, inputs + [_normal(*x.shape)]
 
 
+def bn_then_relu_case(x, axis, gamma=True):
+    """fn, inputs: relu(batch_norm(x)): the relu's gradient runs inside batch_norm's gradient kernels."""
+    fn, inputs = bn_case(x, axis, gamma=gamma)
+
+    def with_relu(x, *ps):
+        y, stats = fn(x, *ps)
+        return flow.nn.relu(y), stats
+    return with_relu, inputs
+
+
 CASES = {
     "nchw": bn_case(_normal(4, 3, 5, 5), 1),
     "nhwc": bn_case(_normal(4, 5, 5, 3), 3),
@@ -72,6 +82,8 @@ CASES = {
     "eps_0_1": bn_case(_normal(2, 4, 3, 3), 1, eps=0.1),
     "relu_epilogue_nchw": bn_relu_case(_normal(3, 4, 3, 3), 1),
     "relu_epilogue_nhwc": bn_relu_case(_normal(3, 3, 3, 4), 3),
+    "relu_gradient_nchw": bn_then_relu_case(_normal(3, 4, 3, 3), 1),
+    "relu_gradient_nhwc_no_gamma": bn_then_relu_case(_normal(3, 3, 3, 20), 3, gamma=False),
 }
 
 
@@ -114,7 +126,21 @@ def test_relu_and_a_residual_add_run_in_the_write_back():
         assert_match(case.compiled, case.reference)
 
 
-@pytest.mark.parametrize("name", ["nchw", "nhwc", "dense_2d", "no_gamma", "no_params", "middle_axis"])
+def test_the_relu_gradient_runs_in_the_batch_norm_gradient_kernels():
+    x = _normal(3, 4, 3, 3)
+    x[0, 1, 0, 0] = np.nan                      # relu_grad's NaN where the relu's output is NaN
+    for fn, inputs in (CASES["relu_gradient_nchw"], CASES["relu_gradient_nhwc_no_gamma"], bn_then_relu_case(x, 1)):
+        graph, _, _ = trace_case(fn, inputs)
+        lowered = lower(graph).graph
+        assert "relu_grad" not in {n.op for n in lowered.nodes}
+        assert all(n.attr("relu") for n in lowered.nodes if n.op in ("batch_norm_grad_sums", "batch_norm_grad"))
+        case = compile_case(fn, inputs)
+        np.testing.assert_array_equal(np.isnan(case.compiled[2]), np.isnan(case.reference[2]))
+        assert_match(case.compiled, case.reference)
+
+
+@pytest.mark.parametrize("name", ["nchw", "nhwc", "dense_2d", "no_gamma", "no_params", "middle_axis",
+                                  "relu_gradient_nchw", "relu_gradient_nhwc_no_gamma"])
 def test_gradients_match_finite_differences(name):
     """Through y only: the statistics output passes no gradient (it feeds the moving averages)."""
     fn, inputs = CASES[name]
@@ -268,7 +294,7 @@ def test_cuda_kernels_equal_the_reference_in_the_emulator(tmp_path):
         pytest.skip("g++ runs the CUDA emulator")
     picked = {"nchw": CASES["nchw"], "nhwc_channel_blocks": CASES["nhwc_channel_blocks"],
               "no_gamma": CASES["no_gamma"], "no_params": CASES["no_params"],
-              "relu_epilogue_nchw": CASES["relu_epilogue_nchw"],
+              "relu_epilogue_nchw": CASES["relu_epilogue_nchw"], "relu_gradient": CASES["relu_gradient_nhwc_no_gamma"],
               "large_mean": bn_case(_normal(4, 2, 3, 3, mean=1e4, std=1.0), 1)}
     built = {}
     for i, (name, (fn, inputs)) in enumerate(picked.items()):

@@ -25,7 +25,7 @@ CHANNEL_BLOCK = 16
 SUM_BLOCK = 256
 # Inputs of each op after x, by template name ("G?scale": there when the attribute `scale` is true).
 _INPUTS = {"batch_norm_stats": [], "batch_norm": ["S", "G?scale", "B?center"],
-           "batch_norm_grad_sums": ["S", "DY"], "batch_norm_grad": ["S", "G?scale", "DY", "SUMS"]}
+           "batch_norm_grad_sums": ["S", "DY", "R?relu"], "batch_norm_grad": ["S", "G?scale", "DY", "SUMS", "R?relu"]}
 
 
 class BatchNormGeometry:
@@ -35,7 +35,7 @@ class BatchNormGeometry:
         x = self.graph.node(a.inputs[0])  # type: ignore[attr-defined]
         outer, channels, inner = geometry(x.type.shape, a.attr("axis"))
         ctx = dict(X=params.use(x.id), outer=outer, C=channels, inner=inner, count=outer * inner,
-                   elements=x.type.size, epsilon=literal(a.attr("epsilon", 0.0)), G=None, B=None,
+                   elements=x.type.size, epsilon=literal(a.attr("epsilon", 0.0)), G=None, B=None, R=None,
                    cblock=1 if inner > 1 else CHANNEL_BLOCK)
         names = [n.split("?")[0] for n in _INPUTS[a.op] if "?" not in n or a.attr(n.split("?")[1])]
         for name, node in zip(names, a.inputs[1:]):

@@ -8,10 +8,13 @@ backward.  A node of flowc's IR produces one value, so each pass over the data i
   axis but `axis` (one pass over x; the CPU kernel sums the shifted values and their squares in
   double, so a large mean costs no accuracy);
 * `batch_norm(x, stats[, gamma][, beta])`: y = (x - mean) * rsqrt(var + epsilon) * gamma + beta;
-* `batch_norm_grad_sums(x, stats, dy)`: (2, C), row 0 sum(dy * xhat) (gamma's gradient), row 1
+* `batch_norm_grad_sums(x, stats, dy[, r])`: (2, C), row 0 sum(dy * xhat) (gamma's gradient), row 1
   sum(dy) (beta's gradient), xhat = (x - mean) * rsqrt(var + epsilon);
-* `batch_norm_grad(x, stats[, gamma], dy, sums)`: dx = gamma * rstd * (dy - sum(dy) / m
+* `batch_norm_grad(x, stats[, gamma], dy, sums[, r])`: dx = gamma * rstd * (dy - sum(dy) / m
   - xhat * sum(dy * xhat) / m), m the elements per channel.
+
+When y's only reader is a relu, the gradient ops take the relu's output `r` after `dy` (attribute
+`relu`) and use relu_grad(r, dy) in its place, so the relu's gradient is no pass of its own.
 
 `batch_norm`'s gradient with respect to x is the total one, through the statistics too: its
 `stats` input must be `batch_norm_stats` of the same x (the gradient rule checks it), and
@@ -28,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowc.compiler.ir import TensorType
-from flowc.compiler.ops import OpRule, ShapeError, register
+from flowc.compiler.ops import OPS, OpRule, ShapeError, register
 
 DTYPES = ("float32", "float64")
 
@@ -139,9 +142,11 @@ def _batch_norm_grad(e, node, dy):
                             f"of its own input along axis {axis}, got %{stats} ({source.op})")
     scale, center = node.attr("scale"), node.attr("center")
     gamma = node.inputs[2:3] if scale else ()
-    sums = e.op("batch_norm_grad_sums", x, stats, dy, axis=axis, epsilon=epsilon)
-    grads: list = [e.op("batch_norm_grad", x, stats, *gamma, dy, sums, axis=axis, epsilon=epsilon, scale=scale),
-                   None]
+    dys = _relu_folded(e, node, dy)
+    relu = len(dys) == 2
+    sums = e.op("batch_norm_grad_sums", x, stats, *dys, axis=axis, epsilon=epsilon, relu=relu)
+    grads: list = [e.op("batch_norm_grad", x, stats, *gamma, dys[0], sums, *dys[1:], axis=axis, epsilon=epsilon,
+                        scale=scale, relu=relu), None]
     channels = e.type(stats).shape[1]
     for row, on in ((0, scale), (1, center)):
         if on:
@@ -150,22 +155,44 @@ def _batch_norm_grad(e, node, dy):
     return grads
 
 
+def _relu_folded(e, node, dy) -> tuple[int, ...]:
+    """(g, r) when dy is relu_grad(r, g) with r = relu(y), y this batch_norm's output: the relu's gradient
+    then runs inside the two gradient kernels (its own node is left to any other reader); else (dy,)."""
+    source = _producer(e, dy)
+    if source.op != "relu_grad":
+        return (dy,)
+    r, g = source.inputs
+    relu = _producer(e, r)
+    return (g, r) if relu.op == "relu" and relu.inputs == (node.id,) else (dy,)
+
+
 register(OpRule("batch_norm", "row", _infer_batch_norm, batch_norm_reference, _batch_norm_grad))
 
 
 # --- gradients -------------------------------------------------------------------------------------
 
 def _infer_grad_sums(inputs: list, attrs: dict) -> TensorType:
-    x, stats, dy = inputs
+    if len(inputs) != 3 + bool(attrs.get("relu")):
+        raise ShapeError(f"batch_norm_grad_sums: expected x, stats, dy{', r' if attrs.get('relu') else ''}; "
+                         f"got {len(inputs)} inputs")
+    x, stats, dy = inputs[:3]
     channels = _check_x("batch_norm_grad_sums", x, attrs["axis"])
     _check("batch_norm_grad_sums", "stats", stats, (2, channels), x)
-    _check("batch_norm_grad_sums", "dy", dy, x.shape, x)
+    for name, t in zip(("dy", "r"), inputs[2:]):
+        _check("batch_norm_grad_sums", name, t, x.shape, x)
     return TensorType((2, channels), x.dtype)
 
 
-def grad_sums_reference(x, stats, dy, axis: int, epsilon: float):
+def _masked(dy: np.ndarray, r: tuple) -> np.ndarray:
+    """relu_grad(r, dy) when the relu's output r is given (the `relu` attribute), else dy."""
+    if not r:
+        return dy
+    return np.asarray(OPS["relu_grad"].reference(r[0], dy))
+
+
+def grad_sums_reference(x, stats, dy, *r, axis: int, epsilon: float, relu: bool = False):
     xhat, _ = _xhat(x, stats, axis, epsilon)
-    d = _channels(dy, axis)
+    d = _channels(_masked(dy, r), axis)
     with np.errstate(all="ignore"):
         return np.stack([(d * xhat).sum(axis=1), d.sum(axis=1)]).astype(x.dtype)
 
@@ -174,21 +201,29 @@ register(OpRule("batch_norm_grad_sums", "row", _infer_grad_sums, grad_sums_refer
 
 
 def _infer_grad(inputs: list, attrs: dict) -> TensorType:
-    x, stats, dy, sums = inputs[0], inputs[1], inputs[-2], inputs[-1]
+    relu = bool(attrs.get("relu"))
+    if len(inputs) != 4 + bool(attrs["scale"]) + relu:
+        raise ShapeError(f"batch_norm_grad: expected x, stats, {'gamma, ' if attrs['scale'] else ''}dy, sums"
+                         f"{', r' if relu else ''}; got {len(inputs)} inputs")
+    x, stats = inputs[0], inputs[1]
+    dy, sums = inputs[-2 - relu], inputs[-1 - relu]
     channels = _check_x("batch_norm_grad", x, attrs["axis"])
-    if len(inputs) != 4 + bool(attrs["scale"]):
-        raise ShapeError(f"batch_norm_grad: expected x, stats, {'gamma, ' if attrs['scale'] else ''}dy, sums; "
-                         f"got {len(inputs)} inputs")
     _check("batch_norm_grad", "stats", stats, (2, channels), x)
     if attrs["scale"]:
         _check("batch_norm_grad", "gamma", inputs[2], (channels,), x)
     _check("batch_norm_grad", "dy", dy, x.shape, x)
     _check("batch_norm_grad", "sums", sums, (2, channels), x)
+    if relu:
+        _check("batch_norm_grad", "r", inputs[-1], x.shape, x)
     return TensorType(x.shape, x.dtype)
 
 
-def grad_reference(x, stats, *rest, axis: int, epsilon: float, scale: bool):
-    dy, sums = rest[-2], rest[-1].astype(np.float64)
+def grad_reference(x, stats, *rest, axis: int, epsilon: float, scale: bool, relu: bool = False):
+    if relu:
+        rest, r = rest[:-1], rest[-1:]
+    else:
+        r = ()
+    dy, sums = _masked(rest[-2], r), rest[-1].astype(np.float64)
     xhat, rstd = _xhat(x, stats, axis, epsilon)
     m = xhat.shape[1]
     with np.errstate(all="ignore"):
