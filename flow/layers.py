@@ -107,10 +107,12 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
                         name: str | None = None) -> Blob:
     """`flow.layers.batch_normalization`: normalize over every axis but `axis`.
 
-    In train jobs (with `training=True` and `trainable=True`) it uses the batch's mean and (biased)
-    variance and each
-    step updates `<name>-moving_mean` / `<name>-moving_variance` by
-    `moving = momentum * moving + (1 - momentum) * batch`; predict jobs use the moving values.
+    In train jobs (with `training=True` and `trainable=True`) it normalises with the batch's mean and
+    biased variance, and each step updates `<name>-moving_mean` / `<name>-moving_variance` by
+    `moving = momentum * moving + (1 - momentum) * batch`, the batch variance unbiased there (as
+    OneFlow's cuDNN kernel does); float32 and float64 run as two fused kernels forward and two
+    backward (compiler/ops/batch_norm.py), float16 as reductions and pointwise ops.  Predict jobs
+    use the moving values (pointwise ops, which fold into a convolution's epilogue).
     Variables: `<name>-gamma`, `<name>-beta`, `<name>-moving_mean`, `<name>-moving_variance`.
 
     Example:
@@ -131,36 +133,69 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     kept[axis] = channels
     reduce_axes = [d for d in range(rank) if d != axis]
 
-    def variable(suffix, initializer, is_trainable, regularizer=None):
-        v = get_variable(f"{name}-{suffix}", shape=(channels,), dtype=x.dtype, initializer=initializer,
-                         regularizer=regularizer, trainable=is_trainable)
-        return reshape(v, kept), v
-
-    moving_mean, mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(),
-                                   False)
-    moving_var, mv_var = variable("moving_variance",
-                                  moving_variance_initializer or initializers.ones_initializer(), False)
-    if ctx.job_type == "train" and training and trainable:   # OneFlow: trainable=False never trains
+    mm_var = get_variable(f"{name}-moving_mean", shape=(channels,), dtype=x.dtype, trainable=False,
+                          initializer=moving_mean_initializer or initializers.zeros_initializer())
+    mv_var = get_variable(f"{name}-moving_variance", shape=(channels,), dtype=x.dtype, trainable=False,
+                          initializer=moving_variance_initializer or initializers.ones_initializer())
+    training = ctx.job_type == "train" and training and trainable   # OneFlow: trainable=False never trains
+    gamma = beta = None
+    if scale:
+        gamma = get_variable(f"{name}-gamma", shape=(channels,), dtype=x.dtype,
+                             initializer=gamma_initializer or initializers.ones_initializer(),
+                             regularizer=gamma_regularizer, trainable=trainable)
+    if center:
+        beta = get_variable(f"{name}-beta", shape=(channels,), dtype=x.dtype,
+                            initializer=beta_initializer or initializers.zeros_initializer(),
+                            regularizer=beta_regularizer, trainable=trainable)
+    if training and x.type.dtype in _FUSED_DTYPES:
+        return _fused_batch_norm(x, axis, momentum, epsilon, gamma, beta, mm_var, mv_var, name, api)
+    if training:   # float16: the composed form (the fused kernels are float32 and float64)
         mean = math.reduce_mean(x, axis=reduce_axes, keepdims=True)
         centered = x - mean
         var = math.reduce_mean(centered * centered, axis=reduce_axes, keepdims=True)
-        # keyed by the variables' full names: under flow.scope.namespace("a") they are "a-<name>-moving_mean"
-        ctx.assigns[_variable_name(ctx, mm_var)] = (mm_var * momentum
-                                                     + reshape(mean, [channels]) * (1 - momentum)).id
-        ctx.assigns[_variable_name(ctx, mv_var)] = (mv_var * momentum
-                                                     + reshape(var, [channels]) * (1 - momentum)).id
+        _update_moving(ctx, mm_var, mv_var, reshape(mean, [channels]), reshape(var, [channels]),
+                       momentum, x.type.size // channels)
     else:
-        centered, var = x - moving_mean, moving_var
+        centered, var = x - reshape(mm_var, kept), reshape(mv_var, kept)
     out = centered / math.sqrt(var + epsilon)
-    if scale:
-        gamma, _ = variable("gamma", gamma_initializer or initializers.ones_initializer(), trainable,
-                            gamma_regularizer)
-        out = out * gamma
-    if center:
-        beta, _ = variable("beta", beta_initializer or initializers.zeros_initializer(), trainable,
-                           beta_regularizer)
-        out = out + beta
+    if gamma is not None:
+        out = out * reshape(gamma, kept)
+    if beta is not None:
+        out = out + reshape(beta, kept)
     return out
+
+
+# The dtypes of the fused kernels (compiler/ops/batch_norm.py).
+_FUSED_DTYPES = ("float32", "float64")
+
+
+def _fused_batch_norm(x: Blob, axis: int, momentum: float, epsilon: float, gamma, beta, mm_var: Blob,
+                      mv_var: Blob, name: str, api: str) -> Blob:
+    """A train job's batch normalisation: the statistics in one pass, y in another (two kernels); the
+    gradient is two more (compiler/ops/batch_norm.py)."""
+    from flow.array_ops import reshape
+    ctx = current(api)
+    channels = x.shape[axis]
+    stats = emit("batch_norm_stats", [x], {"axis": axis}, name=f"{name}-stats", api=api)
+    params = [p for p in (gamma, beta) if p is not None]
+    out = emit("batch_norm", [x, stats, *params],
+               {"axis": axis, "epsilon": float(epsilon), "scale": gamma is not None, "center": beta is not None},
+               name=name, api=api)
+
+    def row(i: int) -> Blob:
+        return reshape(emit("slice_axis", [stats], {"axis": 0, "begin": i, "end": i + 1}, api=api), [channels])
+    _update_moving(ctx, mm_var, mv_var, row(0), row(1), momentum, x.type.size // channels)
+    return out
+
+
+def _update_moving(ctx, mm_var: Blob, mv_var: Blob, mean: Blob, var: Blob, momentum: float, count: int) -> None:
+    """OneFlow's moving averages (cuDNN's, which its normalization op calls with factor 1 - momentum):
+    moving = momentum * moving + (1 - momentum) * batch, the variance unbiased (times m / (m - 1),
+    m the elements per channel; m = 1 keeps the biased one, 0, rather than dividing by zero)."""
+    unbiased = var * (count / (count - 1)) if count > 1 else var
+    # keyed by the variables' full names: under flow.scope.namespace("a") they are "a-<name>-moving_mean"
+    ctx.assigns[_variable_name(ctx, mm_var)] = (mm_var * momentum + mean * (1 - momentum)).id
+    ctx.assigns[_variable_name(ctx, mv_var)] = (mv_var * momentum + unbiased * (1 - momentum)).id
 
 
 def layer_norm(inputs, center: bool = True, scale: bool = True, trainable: bool = True, begin_norm_axis: int = 1,

@@ -107,6 +107,8 @@ def test_every_cuda_template_renders_for_the_seed_jobs(steps):
     templates -= INDEXED_SLICES_CUDA_TEMPLATES
     from tests.test_fused_bert_kernels import FUSED_CUDA_TEMPLATES      # and BERT's fused rows there
     templates -= FUSED_CUDA_TEMPLATES
+    from tests.test_batch_norm_op import BATCH_NORM_CUDA_TEMPLATES     # and batch normalisation's
+    templates -= BATCH_NORM_CUDA_TEMPLATES
     assert used == templates, f"never rendered: {sorted(templates - used)}"
     for label in ("mlp_train", "mlp_predict", "lenet_train", "lenet_predict"):
         assert steps[label].launches, label

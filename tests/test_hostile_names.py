@@ -63,6 +63,7 @@ def define(job_name, layer):
         with flow.scope.placement("gpu", "0:0"):
             h = flow.layers.conv2d(x, 4, 3, padding="SAME", activation=flow.nn.relu, name=layer + "conv1")
             h = flow.layers.conv2d(h, 4, 3, padding="SAME", name=layer + "conv2")
+            h = flow.nn.relu(flow.layers.batch_normalization(h, axis=1, name=layer + "bn"))  # fused batch norm
             a = flow.nn.avg_pool2d(h, ksize=2, strides=2, padding="VALID")
             m = flow.nn.max_pool2d(h, ksize=2, strides=2, padding="VALID")
             f = flow.reshape(flow.concat([a, m], axis=1), [4, -1])

@@ -103,7 +103,8 @@ def test_batch_norm_in_a_namespace_updates_its_moving_statistics():
     bn_train(x)
     got = _values(["block-bn-moving_mean", "block-bn-moving_variance"])
     np.testing.assert_allclose(got["block-bn-moving_mean"], 0.25 * x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got["block-bn-moving_variance"], 0.75 + 0.25 * x.var(axis=(0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(got["block-bn-moving_variance"], 0.75 + 0.25 * x.var(axis=(0, 2, 3), ddof=1),  # unbiased
+                               rtol=1e-5)
 
 
 def test_smoothed_labels_are_oneflow_benchmarks():

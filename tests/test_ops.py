@@ -182,6 +182,8 @@ def test_every_op_is_covered():
     seen |= indexed_slices_ops()
     from tests.test_fused_bert_kernels import covered_ops as fused_ops   # layer_norm, scaled masked softmax
     seen |= fused_ops()
+    from tests.test_batch_norm_op import covered_ops as batch_norm_ops   # batch normalisation of train jobs
+    seen |= batch_norm_ops()
     # gradient ops appear in the cases' backward graphs; dropout_mask is tested in tests/test_lenet.py,
     # device_copy (inserted by the placement pass only) in tests/test_cuda_codegen.py, select_nonzero (emitted by
     # the optimizer update only) in tests/test_optimizers_oneflow.py, snapshot (inserted by the snapshot_outputs

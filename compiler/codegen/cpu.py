@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, matmul_geometry, reduction_extents,
                                            term)
@@ -59,7 +60,7 @@ class GeneratedStep:
     kernel_functions: int = 0
 
 
-class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
+class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
     """Renders a lowered program as one C++ translation unit with one entry point, `flowc_step`."""
     LOWERINGS: ClassVar[dict[str, Lowering]] = {
         "softmax": Lowering("_kernel_row_template", "softmax.cpp.j2"),
@@ -77,6 +78,7 @@ class CppGenerator(CppIndexing, CppFusedRows, KernelGenerator):
         "slice_axis": Lowering("_kernel_window_template", "slice_axis.cpp.j2", "copy_context"),
         **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
         **FUSED_ROW_LOWERINGS,  # layer_norm, the scaled masked softmax: compiler/codegen/rows.py
+        **BATCH_NORM_LOWERINGS,  # batch normalisation of train jobs: compiler/codegen/batch_norm.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_kernel_pointwise", "reduction": "_kernel_reduction", "matmul": "_kernel_matmul",

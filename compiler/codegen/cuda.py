@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from flowc.compiler.codegen.batch_norm import CUDA_LOWERINGS as BATCH_NORM_LOWERINGS, CudaBatchNorm
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, matmul_geometry,
                                            reduction_extents, term)
@@ -117,7 +118,7 @@ def _pow2_block(n: int) -> int:
     return b
 
 
-class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
+class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator):
     """Renders a lowered program as one CUDA translation unit and its launch list.
 
     `tf32=True` runs float32 GEMMs and convolutions on tensor cores (TF32 inputs, FP32
@@ -139,6 +140,7 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, KernelGenerator):
         "slice_axis": Lowering("_slice_axis", "slice_axis.cu.j2", "copy_context"),
         **INDEXING_LOWERINGS,   # gather, slices, one_hot, top_k: compiler/codegen/indexing.py
         **FUSED_ROW_LOWERINGS,  # layer_norm, the scaled masked softmax: compiler/codegen/rows.py
+        **BATCH_NORM_LOWERINGS,  # batch normalisation of train jobs: compiler/codegen/batch_norm.py
     }
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",

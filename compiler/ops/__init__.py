@@ -69,3 +69,4 @@ from flowc.compiler.ops import math_rows  # noqa: E402,F401
 from flowc.compiler.ops import training  # noqa: E402,F401
 from flowc.compiler.ops import indexed_slices  # noqa: E402,F401
 from flowc.compiler.ops import normalization  # noqa: E402,F401
+from flowc.compiler.ops import batch_norm  # noqa: E402,F401

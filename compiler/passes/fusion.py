@@ -6,9 +6,9 @@ its reason, so `flowc show --kernels` can say why two nodes were not fused.
 
 * `fuse_elementwise`: pointwise chains become one loop.  A node joins its consumers'
   group when all its consumers are in one group and read it at their own index.
-* `fuse_epilogues`: a pointwise group that is the only reader of a matmul or a
-  reduction runs inside that kernel's write-back (bias, activation, and the
-  optimizer update of a gradient).
+* `fuse_epilogues`: a pointwise group that is the only reader of a matmul, a
+  reduction, a convolution or a batch normalisation runs inside that kernel's
+  write-back (bias, activation, and the optimizer update of a gradient).
 * `fuse_softmax_cross_entropy`: the loss and its gradient on the same logits are one
   pass over each row.
 * `group_optimizer_updates`: the update loops left standalone share one kernel.
@@ -21,6 +21,11 @@ from __future__ import annotations
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
 from flowc.compiler.program import FusionLog, Kernel
+
+
+# Row and window ops whose kernels run an epilogue (besides matmuls and reductions): conv2d indexes it
+# by (image, filter, pixel); batch_norm linearly, as a reduction (operands of its shape or scalars).
+EPILOGUE_OPS = frozenset({"conv2d", "batch_norm"})
 
 
 class ScheduleCycle(AssertionError):
@@ -84,8 +89,8 @@ def fuse_epilogues(graph: Graph, kernels: list[Kernel], log: FusionLog) -> list[
     owner = {m: k for k in kernels for m in k.members}
     absorbed: set[int] = set()
     for k in kernels:
-        if k.kind not in ("matmul", "reduction") and not (k.kind == "window" and
-                                                          graph.node(k.anchor_id).op == "conv2d"):
+        if k.kind == "pointwise" or (k.kind not in ("matmul", "reduction")
+                                     and graph.node(k.anchor_id).op not in EPILOGUE_OPS):
             continue
         a = graph.node(k.anchor_id)
         consumers = users[a.id]

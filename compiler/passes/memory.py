@@ -29,7 +29,8 @@ def materialized(graph: Graph, kernels: list[Kernel]) -> set[int]:
         if any(owner.get(c) != owner[n.id] for c in users[n.id]):
             needed.add(n.id)
     for k in kernels:
-        if k.kind in ("row", "xent_fused", "window"):
+        # batch_norm with an epilogue (relu) keeps y in registers unless another kernel reads it
+        if k.kind in ("row", "xent_fused", "window") and not (k.members and graph.node(k.anchor_id).op == "batch_norm"):
             needed.update(a for a in (k.anchor, k.second) if a is not None)
     return needed
 
