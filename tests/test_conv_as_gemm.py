@@ -40,6 +40,10 @@ CASES = {
     "pointwise_stride_2_bias_relu": (_conv_bias_relu(strides=2), [rand(3, 6, 16, 16), rand(10, 6, 1, 1), rand(10)]),
     "pointwise_batch_1": (_conv(padding="VALID"), [rand(1, 16, 5, 5), rand(8, 16, 1, 1)]),
     "pointwise_batch_1_strided": (_conv(strides=2), [rand(1, 4, 5, 6), rand(3, 4, 1, 1)]),
+    # double precision (the GEMM's portable path)
+    "pixel_float64": (_conv(strides=2), [rand(3, 4, 2, 2, dtype=np.float64), rand(5, 4, 3, 3, dtype=np.float64)]),
+    "pointwise_float64": (_conv(strides=2), [rand(2, 3, 16, 16, dtype=np.float64),
+                                             rand(4, 3, 1, 1, dtype=np.float64)]),
 }
 
 
