@@ -31,6 +31,9 @@ CASES = {
     "pixel_strided_some_taps_dead": (_conv(strides=2), [rand(3, 4, 2, 2), rand(5, 4, 3, 3)]),
     "pixel_valid_all_taps_live": (_conv(padding="VALID"), [rand(4, 3, 3, 2), rand(6, 3, 3, 2)]),
     "pixel_batch_1": (_conv(), [rand(1, 7, 1, 1), rand(9, 7, 3, 3)]),
+    # long tap tables in the source: 49 taps, 48 dead; 64 pixels read
+    "pixel_7x7_at_1x1": (_conv(), [rand(2, 3, 1, 1), rand(4, 3, 7, 7)]),
+    "pixel_8x8_valid": (_conv(padding="VALID"), [rand(3, 2, 8, 8), rand(4, 2, 8, 8)]),
     "pixel_strided_1x1_reads_one_pixel_of_four": (_conv(strides=2), [rand(4, 6, 2, 2), rand(5, 6, 1, 1)]),
     "pixel_strided_1x1_bias_relu": (_conv_bias_relu(strides=3), [rand(3, 4, 3, 3), rand(6, 4, 1, 1), rand(6)]),
     # 1x1 kernels: at least 64 output pixels per image, or one image
