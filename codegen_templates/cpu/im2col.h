@@ -190,12 +190,17 @@ struct StridedInputGrad {
   }
 };
 
-// Whether none of x[0, n) is NaN or infinite (x - x is 0 exactly for the finite values).
+// Whether none of x[0, n) is NaN or infinite (x - x is 0 exactly for the finite values, NaN for the
+// others).  An integer OR of per-element tests vectorises; a float sum of the differences did not
+// (its order is fixed without -ffast-math): 1.2 ms against 0.1 ms for a 512 x 512 x 3 x 3 weight.
 template <class T>
 inline bool all_finite(const T* x, int64_t n) {
-  T bad = T(0);
-  for (int64_t i = 0; i < n; ++i) bad += x[i] - x[i];
-  return bad == T(0);
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T z = x[i] - x[i];
+    bad |= z != z;
+  }
+  return bad == 0;
 }
 
 constexpr int64_t conv_panel_floats(int64_t n, int64_t k) {
@@ -430,3 +435,6 @@ inline void col2im_add(const ConvGeometry& g, const T* col, T* x) {
 }
 
 }  // namespace flowc
+
+// The convolutions that are plain GEMMs (one output pixel per image, 1x1 kernels) use these helpers.
+#include "conv_gemm.h"

@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Final
 
 import numpy as np
 
+from flowc.compiler.codegen.conv_gemm import conv_gemm_plan
 from flowc.compiler.codegen.pooling import pool_plan
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, c_literal, code, code_format, code_lines
 from flowc.compiler.ir import FLOAT_DTYPES, Graph, c_type, is_number
@@ -272,9 +273,10 @@ class KernelGenerator:
             epilogue = self.pointwise_lines(k, k.members, params,
                                             lambda s: conv_offset(s, out_shape), anchor_value="acc")
         direct = kh == kw == 1 and sh == sw == 1 and not any((pt, pb, pl, pr))
-        return dict(names, N=n, C=c, H=h, W=w, F=f, Cg=cg, Fg=f // groups, KH=kh, KW=kw, OH=oh, OW=ow,
-                    P=oh * ow, K=cg * kh * kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=groups,
-                    direct=direct, epilogue=epilogue)
+        geo = dict(N=n, C=c, H=h, W=w, F=f, Cg=cg, Fg=f // groups, KH=kh, KW=kw, OH=oh, OW=ow,
+                   P=oh * ow, K=cg * kh * kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=groups)
+        as_gemm = conv_gemm_plan(dict(geo, padded=any((pt, pb, pl, pr))))
+        return dict(names, **geo, direct=direct, as_gemm=as_gemm, epilogue=epilogue)
 
     def copy_context(self, k: Kernel, a, params: Params) -> dict:
         axis = a.attr("axis")
