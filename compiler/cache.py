@@ -856,6 +856,26 @@ class KernelCache:
                 out.append(entry)
         return out
 
+    def entries_with_parts(self) -> list[tuple[CacheEntry, KeyParts]]:
+        """Every valid entry with the key parts its meta.json records (entries whose parts do not
+        parse or do not hash to their own key are left out: they cannot be what a key asks for).
+
+        Example::
+
+            >>> [(e.name, p.compiler_version) for e, p in cache.entries_with_parts()]   # doctest: +SKIP
+            [('mlp_train', 'Cuda compilation tools, release 13.0, V13.0.88; Build ...')]
+        """
+        out = []
+        for entry in self.entries():
+            meta = self._read_meta(entry.key) or {}
+            try:
+                parts = KeyParts.from_json(meta["parts"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if parts.key() == entry.key:
+                out.append((entry, parts))
+        return out
+
     def trust(self) -> str:
         """In words, whether flowc uses this root: private, read-only (pre-filled), refused (and why), or absent."""
         try:

@@ -181,16 +181,27 @@ def nvcc_command(src: Path, out: Path, arch: str, nvcc: str | None = None, inclu
             str(src), "-o", str(out)]
 
 
-def key_parts(source: str, arch: str, host_step: bool = False) -> KeyParts:
+def key_parts(source: str, arch: str, host_step: bool = False, compiler_version: str | None = None) -> KeyParts:
     """Cache key parts of ``source`` built for ``arch`` by this nvcc (the arch is in the command and target).
 
     The command holds neither nvcc's path nor the checkout's: a cache built on another machine (or
-    from another checkout) with the same nvcc release and headers serves this one."""
+    from another checkout) with the same nvcc release and headers serves this one.  `compiler_version`
+    stands in for this nvcc's (compiler/cuda_prebuilt.py: a machine without one)."""
     arch = normalize_arch(arch)
     command = shlex.join(nvcc_command(Path(SRC_PLACEHOLDER), Path(OUT_PLACEHOLDER), arch,
                                       nvcc=NVCC_IN_KEY, include=INCLUDE_IN_KEY, host_step=host_step))
-    return _cache.make_key_parts(source=source, command=command, compiler_version=nvcc_version(),
+    return _cache.make_key_parts(source=source, command=command,
+                                 compiler_version=compiler_version or nvcc_version(),
                                  cpu_target=f"cuda {arch}", include_dir=cuda_include_dir())
+
+
+def nvcc_available() -> bool:
+    """Would `find_nvcc` find one ($NVCC, PATH, $CUDA_HOME/bin)?"""
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
 
 
 def build_cubin(source: str, name: str, arch: str | None = None, *,
@@ -234,15 +245,23 @@ class NvccToolchain:
         nvcc's complaint, where the library fails to build but the kernels alone compile."""
         cubin = NvccToolchain(self.arch)
         if settings.cuda_per_launch():
-            return build_cached(cubin, generated.source, name)
+            return cubin._build_one(generated.source, name)
         try:
-            return build_cached(NvccToolchain(self.arch, host_step=True), generated.source, name)
+            return NvccToolchain(self.arch, host_step=True)._build_one(generated.source, name)
         except ToolchainError as err:
-            result = build_cached(cubin, generated.source, name)     # the kernels' own errors raise here
+            result = cubin._build_one(generated.source, name)     # the kernels' own errors raise here
             warnings.warn(StepLibraryUnavailable(
                 f"job {name!r}: the GPU step library (kernels and host step in one shared object) could not "
                 f"be built, so each kernel is launched from Python through PyCUDA (slower): {err}"), stacklevel=2)
             return result
+
+    def _build_one(self, source: str, name: str) -> BuildResult:
+        """Through the cache with nvcc; without nvcc, what an ahead-of-time build left in the cache."""
+        if nvcc_available():
+            return build_cached(self, source, name)
+        from flowc.compiler.cuda_prebuilt import ANY_NVCC, driver_cuda_version, prebuilt_build
+        wanted = key_parts(source, self.arch, self.host_step, compiler_version=ANY_NVCC)
+        return prebuilt_build(wanted, name, _cache.default_cache(), driver_cuda_version())
 
     def key_parts(self, source: str) -> KeyParts:
         return key_parts(source, self.arch, self.host_step)

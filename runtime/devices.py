@@ -45,8 +45,9 @@ def _nvcc_found() -> bool:
 def gpu_status() -> tuple[bool, str]:
     """(True, "NVIDIA H100 ... (sm_90)") when a job can run on a GPU here, else (False, why not).
 
-    Checks, in order: PyCUDA installed, the CUDA driver initializes, at least one device,
-    nvcc on the machine (kernels are compiled at a job's first call unless cached).
+    Checks, in order: PyCUDA installed, the CUDA driver initializes, at least one device, a driver
+    not older than nvcc's CUDA.  Without nvcc the GPU is usable for kernels already in the cache
+    (an ahead-of-time build), and the answer says so.
     Never raises; the answer is computed once per process (`gpu_status.cache_clear()` to ask again).
     """
     if importlib.util.find_spec("pycuda") is None:
@@ -59,15 +60,17 @@ def gpu_status() -> tuple[bool, str]:
         return False, f"the CUDA driver is not usable: {type(e).__name__}: {e}"
     if count == 0:
         return False, "the CUDA driver sees no GPU"
-    if not _nvcc_found():
-        return False, "nvcc is not installed (needed to compile the kernels); install the CUDA toolkit"
+    # Without nvcc a job runs only what an ahead-of-time build left in the kernel cache
+    # (compiler/cuda_prebuilt.py); its build says so, naming the cache, where there is none.
+    no_nvcc = "" if _nvcc_found() else ("; nvcc is not installed: only kernels built ahead of time "
+                                        "(flowc compile --device gpu) run")
     too_old = _driver_older_than_toolkit(drv)
     if too_old:
         return False, too_old
     try:
         dev = drv.Device(0)
         major, minor = dev.compute_capability()
-        return True, f"{dev.name()} (sm_{major}{minor})"
+        return True, f"{dev.name()} (sm_{major}{minor}){no_nvcc}"
     except Exception as e:
         return False, f"GPU 0 cannot be queried: {type(e).__name__}: {e}"
 
