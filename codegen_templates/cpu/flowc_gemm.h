@@ -43,7 +43,9 @@
 //     one-core speed (~1 ms) thanks to dynamic tile claiming; on an idle machine passive adds only
 //     the futex wake-up of the worker per call. The runtime should choose (env var, set before
 //     the first OpenMP call); this header does not touch global OpenMP state.
-//   * T = float with AVX2+FMA uses the packed 6x16 micro-kernel (6x32 with AVX-512F). Any other T (double, int, ...) or
+//   * T = float with AVX2+FMA uses the packed 6x16 micro-kernel (6x32 with AVX-512F), except C = A * B^T
+//     with small N or batch-sized M (a dense layer's x @ W^T), which flowc_gemm_nt.h computes as dot
+//     products straight from A's and B's rows (use_dot_path says when). Any other T (double, int, ...) or
 //     a build without AVX2/FMA uses a portable cache-blocked loop that the compiler auto-vectorises;
 //     T must be default-constructible, copyable and support T(0), + and *.
 //
