@@ -104,8 +104,8 @@ __attribute__((always_inline)) inline void hsum_lanes(const vkf (&v)[N], float* 
   }
 }
 
-// Loads B's vector once into a register: otherwise GCC folds it into each of the kDotMR FMAs as a
-// memory operand, kDotMR loads instead of one, and with rows not 64-byte aligned (any K that is not
+// Loads a vector once into a register: otherwise GCC folds it into each FMA that uses it as a
+// memory operand (B's into kDotMR FMAs, and with AVX2 A's into kDotNR), several loads instead of one, and with rows not 64-byte aligned (any K that is not
 // a multiple of 16) each of those loads is split across two cache lines: the kernel became
 // load-bound at half the speed.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -133,7 +133,10 @@ __attribute__((always_inline)) inline void dot_step(vkf (&acc)[kDotMR * kDotNR],
                                                     const float* const (&b)[kDotNR], int k, int n) {
   vkf av[kDotMR];
 #pragma GCC unroll 8
-  for (int r = 0; r < kDotMR; ++r) av[r] = Full ? loadku(a[r] + k) : loadk_first(a[r] + k, n);
+  for (int r = 0; r < kDotMR; ++r) {
+    av[r] = Full ? loadku(a[r] + k) : loadk_first(a[r] + k, n);
+    FLOWC_IN_REGISTER(av[r]);
+  }
 #pragma GCC unroll 8
   for (int c = 0; c < kDotNR; ++c) {
     vkf bv = Full ? loadku(b[c] + k) : loadk_first(b[c] + k, n);
