@@ -666,10 +666,12 @@ namespace gemm_detail {
 // pads N only to kDotNR, but folds every output's partial sums once per K chunk, which short rows
 // do not amortise.  Measured on the 2-vCPU Zen5 VM (AVX-512, B and A 4 bytes off a cache line,
 // as a NumPy batch is; shared machine, minima), packed against dot:
-//   100x512x784   2 threads  206 -> 191 us     100x10x512    2 threads  14 -> 3.2 us
+//   100x512x784   2 threads  206 -> 178 us     100x10x512    2 threads  14 -> 3.2 us
 //   200x300x384   1 thread   258 -> 226 us     100x10x64     1 thread   3.1 -> 1.5 us
 //   1000x1000x256 1 thread   2.58 -> 2.80 ms   1000x1000x100 1 thread   1.00 -> 1.66 ms
 //   500x300x37    2 threads  36 -> 87 us       2000x64x64    2 threads  49 -> 83 us
+//   100x512x3136  2 threads  1.02 -> 0.79 ms   (AVX2 build, 1 thread: 100x512x784 720 -> 680 us,
+//                                               100x10x512 18.6 -> 10.7 us)
 // so: narrow B (the packed path pads N to a whole kNR panel) unless K is tiny, and batch-sized M
 // with K long enough for the folds.  FLOWC_GEMM_NT_DOT=0/1 forces the packed / dot path.
 inline bool use_dot_path(const Problem<float>& pr) {
