@@ -13,7 +13,7 @@ from flowc.compiler.toolchain import find_compiler, include_dir
 from tests.test_gemm_kernels import VARIANTS, _native_macros
 
 HARNESS = Path(__file__).parent / "kernels" / "gemm_nt_harness.cpp"
-CASES = 14 + 4 * 4
+CASES = 14 + 4 * 4 + 6
 # Shapes the shipped rule must send through the dot path on AVX2/AVX-512 (the MLP's two layers,
 # LeNet's dense1) and ones it must leave on the packed path (short K, large M).
 SHIPPED_DOT = ("nt_100x512x784_off0_pad0", "nt_100x10x512_off0_pad0", "nt_100x512x3136_off0_pad0")

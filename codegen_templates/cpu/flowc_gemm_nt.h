@@ -11,6 +11,8 @@
 
 #pragma once
 
+#include <cstdint>
+
 namespace flowc {
 namespace gemm_detail {
 
@@ -114,42 +116,57 @@ __attribute__((always_inline)) inline void hsum_lanes(const vkf (&v)[N], float* 
 #define FLOWC_IN_REGISTER(v) (void)0
 #endif
 
-// Lanes [0, n) of p, the rest 0 (n <= kVL); the lanes not loaded are never read, so p + n may be
-// the end of the array (masked loads do not fault on masked-off lanes).
+// Lanes [lo, hi) of the vector at p, the others 0.  Masked loads do not fault on masked-off lanes,
+// so those may lie outside the array (before its start or past its end); the address is formed as
+// an integer for the same reason.
 #if FLOWC_GEMM_AVX512
-inline vkf loadk_first(const float* p, int n) {
-  return __builtin_ia32_loadups512_mask(p, vkf{}, (unsigned short)((1u << n) - 1u));
+inline vkf loadk_lanes(const float* row, int k, int lo, int hi) {
+  const float* p = reinterpret_cast<const float*>(reinterpret_cast<std::intptr_t>(row) + (std::intptr_t)k * 4);
+  return __builtin_ia32_loadups512_mask(p, vkf{}, (unsigned short)(((1u << hi) - 1u) & ~((1u << lo) - 1u)));
+}
+inline vkf rotate_lanes(vkf v, vki index) {
+#if defined(__clang__)
+  return __builtin_ia32_permvarsf512(v, index);
+#else
+  return __builtin_ia32_permvarsf512_mask(v, index, v, (unsigned short)0xFFFF);
+#endif
 }
 #else
-inline vkf loadk_first(const float* p, int n) {
+inline vkf loadk_lanes(const float* row, int k, int lo, int hi) {
+  const float* p = reinterpret_cast<const float*>(reinterpret_cast<std::intptr_t>(row) + (std::intptr_t)k * 4);
   const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  return __builtin_ia32_maskloadps256(reinterpret_cast<const v8f*>(p), lane < n);
+  return __builtin_ia32_maskloadps256(reinterpret_cast<const v8f*>(p), (lane >= lo) & (lane < hi));
 }
+inline vkf rotate_lanes(vkf v, vki index) { return __builtin_ia32_permvarsf256(v, index); }
 #endif
 
-// acc[r * kDotNR + c] += a[r][k:k+kVL] * b[c][k:k+kVL], lanes past n zero (n == kVL: plain loads).
+// acc[r * kDotNR + c] += a[r][k:k+kVL] * b[c][k:k+kVL] (Full), or only its lanes [lo, hi).
 template <bool Full>
 __attribute__((always_inline)) inline void dot_step(vkf (&acc)[kDotMR * kDotNR], const float* const (&a)[kDotMR],
-                                                    const float* const (&b)[kDotNR], int k, int n) {
+                                                    const float* const (&b)[kDotNR], int k, int lo, int hi) {
   vkf av[kDotMR];
 #pragma GCC unroll 8
   for (int r = 0; r < kDotMR; ++r) {
-    av[r] = Full ? loadku(a[r] + k) : loadk_first(a[r] + k, n);
+    av[r] = Full ? loadku(a[r] + k) : loadk_lanes(a[r], k, lo, hi);
     FLOWC_IN_REGISTER(av[r]);
   }
 #pragma GCC unroll 8
   for (int c = 0; c < kDotNR; ++c) {
-    vkf bv = Full ? loadku(b[c] + k) : loadk_first(b[c] + k, n);
+    vkf bv = Full ? loadku(b[c] + k) : loadk_lanes(b[c], k, lo, hi);
     FLOWC_IN_REGISTER(bv);
 #pragma GCC unroll 8
     for (int r = 0; r < kDotMR; ++r) acc[r * kDotNR + c] = fmaddk(av[r], bv, acc[r * kDotNR + c]);
   }
 }
 
-// out[r * kDotNR + c] = sum_k a[r][k] * b[c][k], k < kb.  A masked first step brings a[0] to a
-// vector boundary (a batch fed from NumPy is 16-byte aligned; with neither operand aligned every
-// load straddles two cache lines: 204 against 186 us for the MLP's 100x512x784), a masked last
-// step takes the remainder, so every product goes through the vector accumulators.
+// out[r * kDotNR + c] = sum_k a[r][k] * b[c][k], k < kb.
+// The full-vector loop starts where a[0] reaches a vector boundary: a batch fed from NumPy is
+// 16 bytes off a cache line, and with neither operand aligned every load straddles two lines
+// (204 against 186 us for the MLP's 100x512x784).  The products before it go in through a masked
+// step ending at that boundary, so that throughout lane l sums k = head + l (mod kVL) in
+// increasing k; the lanes are rotated back to k = l (mod kVL) before the fold.  Each output is so
+// summed in the same order wherever the operands sit (a result must not depend on whether the
+// runtime passed the caller's array or its own aligned copy); a masked last step takes the rest.
 __attribute__((always_inline)) inline void dot_kernel(int kb, const float* const (&a)[kDotMR],
                                                       const float* const (&b)[kDotNR], float* out) {
   vkf acc[kDotMR * kDotNR];
@@ -157,11 +174,21 @@ __attribute__((always_inline)) inline void dot_kernel(int kb, const float* const
   for (int t = 0; t < kDotMR * kDotNR; ++t) acc[t] = vkf{};
   constexpr std::size_t kBytes = kVL * sizeof(float);
   int head = (int)((kBytes - (reinterpret_cast<std::size_t>(a[0]) & (kBytes - 1))) & (kBytes - 1)) / 4;
-  if (head > kb) head = kb;
-  if (head > 0) dot_step<false>(acc, a, b, 0, head);
+  if (head >= kb) head = 0;  // one masked step from k = 0 does it all
+  if (head > 0) dot_step<false>(acc, a, b, head - kVL, kVL - head, kVL);
   int k = head;
-  for (; k + kVL <= kb; k += kVL) dot_step<true>(acc, a, b, k, kVL);
-  if (k < kb) dot_step<false>(acc, a, b, k, kb - k);
+  for (; k + kVL <= kb; k += kVL) dot_step<true>(acc, a, b, k, 0, kVL);
+  if (k < kb) dot_step<false>(acc, a, b, k, 0, kb - k);
+  if (head > 0) {
+#if FLOWC_GEMM_AVX512
+    const vki lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    const vki lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+    const vki index = (lane + (kVL - head)) & (kVL - 1);
+#pragma GCC unroll 32
+    for (int t = 0; t < kDotMR * kDotNR; ++t) acc[t] = rotate_lanes(acc[t], index);
+  }
   hsum_lanes(acc, out);
 }
 

@@ -1,7 +1,8 @@
 // Checks flowc_gemm.h's gemm with trans_a == false, trans_b == true (C = A * B^T: the path a dense
 // layer takes, flowc_gemm_nt.h's dot-product kernels where use_dot_path picks them) against plain
 // double loops: every tile edge in M and N, K around the vector width and past a K chunk, operands
-// off a cache line, padded rows, NaN and Inf, and the epilogue seeing every element once.
+// off a cache line, padded rows, NaN and Inf, the epilogue seeing every element once, and the
+// result not depending on where the operands sit.
 // tests/test_gemm_nt_dot.py builds it per instruction set, once as shipped and once with
 // -DFLOWC_GEMM_NT_DOT=1 (every case through the dot path).  Prints one line per case:
 //   <case> <path> <max |got - want| / (1 + |want|)>      path: dot | packed
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "flowc_gemm.h"
@@ -60,6 +62,34 @@ static void check(int M, int N, int K, int offset, int pad, bool special) {
   std::printf("nt_%dx%dx%d_off%d_pad%d%s %s %.3g\n", M, N, K, offset, pad, special ? "_special" : "", path, worst);
 }
 
+// The same product with A and B at different offsets from a cache line must be bitwise the same
+// (the runtime passes either the caller's array or its own 64-byte aligned copy).  Prints 0 when
+// every placement matched the first bit for bit, inf otherwise.
+static void check_placement(int M, int N, int K) {
+  std::vector<float> a((size_t)M * K), b((size_t)N * K), first, got((size_t)M * N);
+  for (float& x : a) x = next_value();
+  for (float& x : b) x = next_value();
+  std::vector<float> a_store(a.size() + 32), b_store(b.size() + 32);
+  bool same = true;
+  const char* path = "portable";
+  for (int offset : {0, 1, 3, 4, 7, 8, 12, 15}) {
+    float* A = a_store.data() + ((16 - (reinterpret_cast<uintptr_t>(a_store.data()) / 4) % 16) % 16) + offset;
+    float* B = b_store.data() + ((16 - (reinterpret_cast<uintptr_t>(b_store.data()) / 4) % 16) % 16) + (offset * 5) % 16;
+    std::memcpy(A, a.data(), a.size() * sizeof(float));
+    std::memcpy(B, b.data(), b.size() * sizeof(float));
+    flowc::gemm<float>(M, N, K, A, K, false, B, K, true, got.data(), N, flowc::NoEpilogue{});
+    if (first.empty())
+      first = got;
+    else
+      same = same && std::memcmp(first.data(), got.data(), got.size() * sizeof(float)) == 0;
+#if FLOWC_GEMM_AVX2
+    flowc::gemm_detail::Problem<float> pr{M, N, K, A, K, false, B, K, true, got.data(), N};
+    path = flowc::gemm_detail::use_dot_path(pr) ? "dot" : "packed";
+#endif
+  }
+  std::printf("nt_placement_%dx%dx%d %s %s\n", M, N, K, path, same ? "0" : "inf");
+}
+
 int main() {
   // (M, N, K): the MLP's two layers, LeNet's dense1, M and N off every micro-tile size (4/3 rows,
   // 6/4 columns, kNR), K below, at and around a vector and past a 1024-float K chunk.
@@ -75,5 +105,7 @@ int main() {
     check(s[0], s[1], s[2], 0, 0, true);
     check(s[0], s[1], s[2], 7, 2, true);
   }
+  const int placed[][3] = {{100, 10, 512}, {37, 29, 300}, {6, 5, 49}, {9, 11, 40}, {5, 7, 13}, {100, 512, 784}};
+  for (const auto& s : placed) check_placement(s[0], s[1], s[2]);
   return 0;
 }
