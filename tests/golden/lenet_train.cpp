@@ -510,7 +510,7 @@ FLOWC_KERNEL void conv2d_grad_input_46(const float* FLOWC_RESTRICT b9, const flo
     for (int64_t g = 0; g < 1; ++g)
       flowc::pack_panels<float>(b9 + g * 51200, w_rows.data(), 32, w_cols.data(),
                                   1600, wpack.data() + g * kPanel);
-#pragma omp parallel for schedule(static) if(100 > 1)
+#pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < 100; ++n) {
       static thread_local std::vector<float> padded;
       for (int64_t g = 0; g < 1; ++g) {
@@ -524,7 +524,7 @@ FLOWC_KERNEL void conv2d_grad_input_46(const float* FLOWC_RESTRICT b9, const flo
   }
   const flowc::ConvGeometry geo{ 32, 14, 14, 5, 5, 14, 14,
                                  1, 1, 2, 2, 1, 1 };
-#pragma omp parallel for schedule(static) if(100 > 1)
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < 100; ++n) {
     static thread_local std::vector<float> col;
     if (col.size() < (size_t)(800 * 196)) col.resize(800 * 196);
