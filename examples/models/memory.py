@@ -1,7 +1,7 @@
 """Issue 15's peak-memory figures: peak RSS of one train step in flowc and in PyTorch eager.
 
     python examples/models/memory.py                          # every model and config
-    python examples/models/memory.py bert:small bert:base dcgan:mnist
+    python examples/models/memory.py bert:small bert:base dcgan:mnist resnet:resnet50
 
 Each (framework, model) runs in its own process, measured the same way: 2 threads; the process imports
 its framework and reads its resident set (`base`); it builds the model and runs two train steps (flowc
@@ -10,6 +10,7 @@ the kernel's high-water mark (`echo 5 > /proc/self/clear_refs`), runs one more s
 from /proc/self/status: the peak resident set during that step (`peak`).  `peak - base` is what the
 model, its optimizer state and the step's intermediate values took above the framework itself.
 flowc's planned figures (`flowc show --memory`: arena and variables) are printed next to them.
+PyTorch's models are torch_models.py's (its ResNet is benchmarks/peers/torch_resnet.py's, NCHW).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALL = ["bert:tiny", "bert:small", "bert:base", "wide_and_deep:small", "wide_and_deep:large", "dcgan:tiny",
-       "dcgan:mnist"]
+       "dcgan:mnist", "resnet:resnet18", "resnet:resnet50"]
 FRAMEWORKS = ("flowc", "torch")
 THREADS = "2"
 MIB = float(1 << 20)

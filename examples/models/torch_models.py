@@ -9,14 +9,22 @@ Same sizes as the flowc models (they take the same config objects) and the same 
   dropout, sigmoid cross-entropy; Adam (PyTorch's dense Adam: its nearest to LazyAdam that takes the
   tables' dense gradients, as flowc's does today);
 * DCGAN (`dcgan.py`): the same generator and discriminator; one discriminator and one generator Adam
-  step per train step.
+  step per train step;
+* ResNet-18 / ResNet-50 v1.5 (`resnet.py`, NCHW): benchmarks/peers/torch_resnet.py's network and train
+  step (momentum SGD with the cosine schedule, label smoothing), imported from there, not copied.
+
+`compiled=True` wraps the networks (forward and loss; their backward through AOTAutograd) in
+`torch.compile`, the optimizer steps staying eager, as the benchmark's torch.compile peers do.
 
     step = train_step("bert", bert.CONFIGS["small"])
     step()          # one train step on synthetic data
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import sys
 from typing import Callable
 
 import numpy as np
@@ -91,7 +99,12 @@ class Bert(nn.Module):
         return lm_loss.mean() + ns_loss
 
 
-def _bert_step(config) -> Callable[[], float]:
+def _compiled(module: nn.Module, compiled: bool) -> Callable:
+    """`module` itself, or torch.compile's wrapper of it (which shares its parameters)."""
+    return torch.compile(module) if compiled else module
+
+
+def _bert_step(config, compiled: bool) -> Callable[[], float]:
     import bert
     model = Bert(config).train()
     decay = [p for n, p in model.named_parameters() if not ("bias" in n or "norm" in n)]
@@ -99,7 +112,7 @@ def _bert_step(config) -> Callable[[], float]:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": keep, "weight_decay": 0.0}],
                             lr=1e-4, eps=1e-6)
     batch = [torch.from_numpy(a) for a in bert.synthetic_batch(config)]
-    return _step(model, opt, batch, clip=1.0)
+    return _step(model, _compiled(model, compiled), opt, batch, clip=1.0)
 
 
 # ---------------------------------------------------------------------------------------- Wide & Deep
@@ -121,12 +134,12 @@ class WideDeep(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, labels)
 
 
-def _wide_and_deep_step(config) -> Callable[[], float]:
+def _wide_and_deep_step(config, compiled: bool) -> Callable[[], float]:
     import wide_and_deep
     model = WideDeep(config).train()
     opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     batch = [torch.from_numpy(a) for a in wide_and_deep.synthetic_batch(config)]
-    return _step(model, opt, batch)
+    return _step(model, _compiled(model, compiled), opt, batch)
 
 
 # --------------------------------------------------------------------------------------------- DCGAN
@@ -165,17 +178,19 @@ class Discriminator(nn.Module):
         return self.fc(x.flatten(1))
 
 
-def _dcgan_step(config) -> Callable[[], float]:
+def _dcgan_step(config, compiled: bool) -> Callable[[], float]:
     import dcgan
-    g, d = Generator(config).train(), Discriminator(config).train()
-    g_opt = torch.optim.Adam(g.parameters(), lr=config.learning_rate, betas=(config.beta1, 0.999))
-    d_opt = torch.optim.Adam(d.parameters(), lr=config.learning_rate, betas=(config.beta1, 0.999))
+    g_module, d_module = Generator(config).train(), Discriminator(config).train()
+    g, d = _compiled(g_module, compiled), _compiled(d_module, compiled)
+    g_opt = torch.optim.Adam(g_module.parameters(), lr=config.learning_rate, betas=(config.beta1, 0.999))
+    d_opt = torch.optim.Adam(d_module.parameters(), lr=config.learning_rate, betas=(config.beta1, 0.999))
     z, images = (torch.from_numpy(a) for a in dcgan.synthetic_batch(config))
 
     def step() -> float:
         with torch.no_grad():                   # the D job's generator is not trained (OneFlow: trainable=False)
-            fakes = g.eval()(z)
-        g.train()
+            g_module.eval()
+            fakes = g(z)
+        g_module.train()
         fake_logits, real_logits = d(fakes), d(images)
         d_loss = (F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))
                   + F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits)))
@@ -191,11 +206,31 @@ def _dcgan_step(config) -> Callable[[], float]:
     return step
 
 
+# -------------------------------------------------------------------------------------------- ResNet
+
+def _resnet_step(config, compiled: bool) -> Callable[[], float]:
+    """benchmarks/peers/torch_resnet.py's train step at the sizes of resnet.py's `config` (NCHW)."""
+    import resnet
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if repo not in sys.path:          # run as a script from examples/models/: the benchmarks package's root
+        sys.path.insert(0, repo)
+    from benchmarks.peers.torch_resnet import build_train
+    from benchmarks.workloads import ResNetShape
+    if resnet.channels_last(config):
+        raise ValueError(f"config.data_format: the PyTorch ResNet is NCHW only, got {config.data_format!r}")
+    # resnet.py's ResNetConfig has every field of ResNetShape under the same name (and data_format)
+    shape = ResNetShape(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ResNetShape)})
+    images, labels = resnet.synthetic_batch(config)
+    step = build_train(shape, images, labels, compiled=compiled)
+    return lambda: float(step())
+
+
 # --------------------------------------------------------------------------------------------- shared
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: list, clip: float | None = None) -> Callable[[], float]:
+def _step(model: nn.Module, forward: Callable, opt: torch.optim.Optimizer, batch: list,
+          clip: float | None = None) -> Callable[[], float]:
     def step() -> float:
-        loss = model(*batch)
+        loss = forward(*batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if clip is not None:
@@ -205,16 +240,19 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: list, clip: float
     return step
 
 
-STEPS = {"bert": _bert_step, "wide_and_deep": _wide_and_deep_step, "dcgan": _dcgan_step}
+STEPS = {"bert": _bert_step, "wide_and_deep": _wide_and_deep_step, "dcgan": _dcgan_step, "resnet": _resnet_step}
 
 
-def train_step(model: str, config) -> Callable[[], float]:
-    """A no-argument train step of `model` ("bert", "wide_and_deep", "dcgan") at `config`'s sizes, on one
-    synthetic batch made by the flowc model's `synthetic_batch`.
+def train_step(model: str, config, compiled: bool = False) -> Callable[[], float]:
+    """A no-argument train step of `model` ("bert", "wide_and_deep", "dcgan", "resnet") at `config`'s
+    sizes, on one synthetic batch made by the flowc model's `synthetic_batch`; `compiled`: the networks
+    run under torch.compile (the first step compiles them).
 
     Example:
         step = train_step("dcgan", dcgan.CONFIGS["tiny"]); loss = step()
     """
+    if model not in STEPS:
+        raise ValueError(f"model: expected one of {sorted(STEPS)}, got {model!r}")
     torch.manual_seed(0)
     np.random.seed(0)
-    return STEPS[model](config)
+    return STEPS[model](config, compiled)
