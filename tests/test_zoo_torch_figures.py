@@ -95,3 +95,15 @@ def test_torch_compile_figures_times_a_cold_and_a_warm_compile(tmp_path):
     assert warm["fxgraph_hits"] > 0 and warm["first_s"] < cold["first_s"]
     assert cold["step_s"] < cold["first_s"] and math.isfinite(cold["loss"])
     assert os.listdir(tmp_path)
+
+
+def test_memory_takes_the_frameworks_to_compare():
+    memory = _import("memory")
+    args = memory.parse_args(["resnet:resnet50"])
+    assert args.targets == ["resnet:resnet50"] and args.frameworks == ["flowc", "torch"]
+    assert "resnet:resnet50" in memory.parse_args([]).targets
+    assert memory.parse_args(["--frameworks", "torch,torch_compile", "bert:base"]).frameworks == \
+        ["torch", "torch_compile"]
+    for bad in (["--frameworks", "jax", "bert:base"], ["bert"]):
+        with pytest.raises(SystemExit):
+            memory.parse_args(bad)
