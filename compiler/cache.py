@@ -856,24 +856,26 @@ class KernelCache:
                 out.append(entry)
         return out
 
-    def entries_with_parts(self) -> list[tuple[CacheEntry, KeyParts]]:
-        """Every valid entry with the key parts its meta.json records (entries whose parts do not
-        parse or do not hash to their own key are left out: they cannot be what a key asks for).
+    def recorded_parts(self) -> list[tuple[str, KeyParts, float]]:
+        """(key, key parts, creation time) of every entry as its meta.json records them, without
+        checking the entry's files (cheap: `lookup` the key to use one).  Entries whose parts do not
+        parse or do not hash to their own key are left out: no key could ask for them.
 
         Example::
 
-            >>> [(e.name, p.compiler_version) for e, p in cache.entries_with_parts()]   # doctest: +SKIP
-            [('mlp_train', 'Cuda compilation tools, release 13.0, V13.0.88; Build ...')]
+            >>> [p.compiler_version for _, p, _ in cache.recorded_parts()]   # doctest: +SKIP
+            ['Cuda compilation tools, release 13.0, V13.0.88; Build ...']
         """
         out = []
-        for entry in self.entries():
-            meta = self._read_meta(entry.key) or {}
+        for d in self._entry_dirs():
+            meta = self._read_meta(d.name) or {}
             try:
                 parts = KeyParts.from_json(meta["parts"])
+                created = float(meta.get("created", 0.0))
             except (KeyError, TypeError, ValueError):
                 continue
-            if parts.key() == entry.key:
-                out.append((entry, parts))
+            if parts.key() == d.name:
+                out.append((d.name, parts, created))
         return out
 
     def trust(self) -> str:

@@ -48,8 +48,8 @@ def prebuilt_build(wanted: KeyParts, name: str, cache: KernelCache, driver_versi
     """
     t0 = time.perf_counter()
     refused: list[str] = []
-    found = []
-    for entry, parts in cache.entries_with_parts():
+    candidates = []
+    for key, parts, created in cache.recorded_parts():
         if parts.compiler_version == ANY_NVCC or _without_nvcc(parts) != _without_nvcc(wanted):
             continue
         release = _release(parts.compiler_version)
@@ -60,16 +60,18 @@ def prebuilt_build(wanted: KeyParts, name: str, cache: KernelCache, driver_versi
             refused.append(f"a build by nvcc {release[0]}.{release[1]}, newer than the driver's CUDA "
                            f"{driver_version // 1000}.{driver_version % 1000 // 10}")
             continue
-        found.append((entry.age, entry))
-    if not found:
-        also = f" (the cache holds {'; '.join(sorted(set(refused)))})" if refused else ""
-        raise ToolchainError(
-            f"nvcc is not installed here, and the kernel cache at {cache.root} holds no ahead-of-time build of "
-            f"{name!r} for this GPU{also}: run `flowc compile --device gpu --arch sm_XX` for this script on a "
-            f"machine with nvcc and copy its cache (FLOWC_CACHE_DIR) here, or install the CUDA toolkit")
-    entry = min(found, key=lambda f: f[0])[1]          # the youngest: the last build wins
-    return BuildResult(path=entry.library, key=entry.key, compiled=False, seconds=time.perf_counter() - t0,
-                       source_path=entry.source, miss_reason=None)
+        candidates.append((created, key))
+    for _, key in sorted(candidates, reverse=True):       # the youngest first: the last build wins
+        entry = cache.lookup(key)                         # its files checked, as any hit's are
+        if entry is not None:
+            return BuildResult(path=entry.library, key=entry.key, compiled=False,
+                               seconds=time.perf_counter() - t0, source_path=entry.source, miss_reason=None)
+        refused.append(f"an entry {key[:16]} that is corrupt or untrusted")
+    also = f" (the cache holds {'; '.join(sorted(set(refused)))})" if refused else ""
+    raise ToolchainError(
+        f"nvcc is not installed here, and the kernel cache at {cache.root} holds no ahead-of-time build of "
+        f"{name!r} for this GPU{also}: run `flowc compile --device gpu --arch sm_XX` for this script on a "
+        f"machine with nvcc and copy its cache (FLOWC_CACHE_DIR) here, or install the CUDA toolkit")
 
 
 def _without_nvcc(parts: KeyParts) -> tuple:

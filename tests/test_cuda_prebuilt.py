@@ -101,3 +101,15 @@ def test_the_entry_must_match_every_key_part_but_nvcc_and_the_youngest_wins(tmp_
     with pytest.raises(ToolchainError, match=r"nvcc 12\.8, newer than the driver's CUDA 12\.4"):
         prebuilt_build(wanted, "k", cache, 12040)
     assert prebuilt_build(wanted, "k", cache, None).compiled is False      # no driver to ask: not checked
+
+
+def test_a_corrupt_entry_is_passed_over_for_an_intact_older_one(tmp_path):
+    cache = KernelCache(tmp_path / "c")
+    src = 'extern "C" __global__ void k(float* x) { x[0] = 2; }'
+    older = _entry(cache, src, "Cuda compilation tools, release 12.8, V12.8.9")
+    younger = _entry(cache, src, "Cuda compilation tools, release 13.0, V13.0.1")
+    cubin = cache.entry_dir(younger) / "kernel.cubin"
+    cubin.chmod(0o644)
+    cubin.write_bytes(b"tampered")                          # no longer the bytes its meta.json seals
+    wanted = key_parts(src, "sm_90", host_step=False, compiler_version=ANY_NVCC)
+    assert prebuilt_build(wanted, "k", cache, 13000).key == older
