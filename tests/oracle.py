@@ -7,7 +7,7 @@ to C++, runs it, and returns both the compiled and the reference results.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -58,6 +58,16 @@ def trace_case(fn: Callable, inputs: Sequence[np.ndarray], grads: bool = True) -
     graph = Graph("case", list(ctx.builder.nodes), outputs, {}, {}, {}, placeholders)
     graph.verify()
     return graph, len(values), grad_inputs
+
+
+def ops_of_cases(cases: Iterable[tuple[Callable, Sequence[np.ndarray]]]) -> set[str]:
+    """Every op the (fn, inputs) cases trace to, gradients included: a test module's
+    `covered_ops()` (tests/test_ops.py checks that each op has a case)."""
+    seen: set[str] = set()
+    for fn, inputs in cases:
+        graph, _, _ = trace_case(fn, inputs)
+        seen.update(n.op for n in graph.nodes)
+    return seen
 
 
 def cotangents(graph: Graph, n_inputs: int, rng: np.random.Generator) -> list[np.ndarray]:

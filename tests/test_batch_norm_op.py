@@ -22,7 +22,7 @@ from flowc.compiler.reference import run_reference
 from flowc.compiler.trace import emit
 from flowc.runtime.job import _runtime_scalars
 from flowc.runtime.session import default_session
-from tests.oracle import compile_case, cotangents, finite_difference_check, trace_case
+from tests.oracle import compile_case, cotangents, finite_difference_check, ops_of_cases, trace_case
 
 # The CUDA templates these tests render (test_cuda_codegen's coverage check leaves them to us).
 BATCH_NORM_CUDA_TEMPLATES = {f"{op}.cu.j2" for op in ("batch_norm_stats", "batch_norm", "batch_norm_grad_sums",
@@ -89,11 +89,7 @@ CASES = {
 
 def covered_ops() -> set[str]:
     """Every op the cases above use, gradients included (tests/test_ops.py checks each op has a case)."""
-    seen: set[str] = set()
-    for fn, inputs in CASES.values():
-        graph, _, _ = trace_case(fn, inputs)
-        seen.update(n.op for n in graph.nodes)
-    return seen
+    return ops_of_cases(CASES.values())
 
 
 def assert_match(got, want, rtol=2e-5, atol=2e-5):

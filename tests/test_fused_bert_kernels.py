@@ -20,7 +20,7 @@ import flow.typing as tp
 from flowc.compiler.pipeline import lower
 from flowc.compiler.reference import run_reference
 from flowc.compiler.trace import emit
-from tests.oracle import compile_case, cotangents, finite_difference_check, trace_case
+from tests.oracle import compile_case, cotangents, finite_difference_check, ops_of_cases, trace_case
 
 # The CUDA templates these tests render (test_cuda_codegen's coverage check leaves them to us).
 FUSED_CUDA_TEMPLATES = {f"{op}.cu.j2" for op in ("layer_norm", "layer_norm_grad", "layer_norm_gamma_grad",
@@ -87,11 +87,7 @@ CASES = {**{f"layer_norm_{k}": v for k, v in LAYER_NORM_CASES.items()},
 
 def covered_ops() -> set[str]:
     """Every op the cases above use, gradients included (tests/test_ops.py checks each op has a case)."""
-    seen: set[str] = set()
-    for fn, inputs in CASES.values():
-        graph, _, _ = trace_case(fn, inputs)
-        seen.update(n.op for n in graph.nodes)
-    return seen
+    return ops_of_cases(CASES.values())
 
 
 def assert_match(got, want, rtol=2e-5, atol=2e-6):

@@ -16,7 +16,7 @@ import flow
 import flow.typing as tp
 from flowc.compiler.pipeline import lower
 from flowc.compiler.reference import run_reference
-from tests.oracle import compile_case, cotangents, finite_difference_check, trace_case
+from tests.oracle import compile_case, cotangents, finite_difference_check, ops_of_cases, trace_case
 
 # The CUDA templates these tests render (test_cuda_codegen's coverage check leaves them to us).
 INDEXING_CUDA_TEMPLATES = {f"{op}.cu.j2" for op in ("gather", "gather_grad", "strided_slice", "slice_update",
@@ -73,12 +73,8 @@ GROUPS = {
 
 
 def covered_ops() -> set[str]:
-    """Every op the cases above use, gradients included (tests/test_ops.py checks that each op has a case)."""
-    seen: set[str] = set()
-    for fn, inputs in GROUPS.values():
-        graph, _, _ = trace_case(fn, inputs)
-        seen.update(n.op for n in graph.nodes)
-    return seen
+    """Every op the cases above use, gradients included (tests/test_ops.py checks each op has a case)."""
+    return ops_of_cases(GROUPS.values())
 
 
 def assert_match(got, want):
