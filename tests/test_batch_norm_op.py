@@ -348,3 +348,20 @@ def test_float16_and_mixed_precision_jobs_train_against_the_reference():
         for name, value in updates.items():
             np.testing.assert_allclose(session.value(name).astype(np.float32), value.astype(np.float32),
                                        rtol=rtol, atol=1e-3, err_msg=name)
+
+
+def test_negative_zeros_keep_their_sign_as_in_the_reference():
+    # A constant channel normalises to exact zeros: y = 0 * gamma + beta, so beta's -0.0 (or +0.0) is
+    # y's sign; -0.0 inputs there and in the relu epilogue's add must come out as the reference's.
+    x = _normal(2, 3, 2, 2)
+    x[:, 0] = -0.0                                      # channel 0: all -0.0, mean -0.0 or 0, variance 0
+    x[0, 1, 0, 0] = -0.0
+    for fn, inputs in (bn_case(x, 1), bn_relu_case(x, 1), bn_then_relu_case(x, 1)):
+        inputs[2][0] = -0.0                             # beta of the constant channel
+        inputs[1][0] = -1.5                             # gamma negative: 0 * gamma is -0.0
+        if len(inputs) > 3:
+            inputs[3][:, 0] = -0.0                      # the residual added before the relu
+        case = compile_case(fn, inputs)
+        for got, want in zip(case.compiled, case.reference):
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        assert_match(case.compiled, case.reference)
