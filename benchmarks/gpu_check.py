@@ -290,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                 verdict, detail = "FAIL", f"{type(e).__name__}: {e}"
         failed += verdict == "FAIL"
         print(verdict_line(verdict, check.name, detail), flush=True)
+    if args.work is None:            # our own temporary folder (0700, mkdtemp): kept only to look into a failure
+        if failed:
+            print(f"work folder kept for the failures above: {work}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -53,6 +53,7 @@ def test_the_run_book_covers_the_issues_list():
 
 def test_a_failing_check_makes_the_script_exit_non_zero_and_gpu_lines_stay_unverified(tmp_path):
     rc, lines, _ = run_script("--fake-driver", "--only", "environment,aot-build,device-tests,seeds",
+                              "--work", str(tmp_path / "work"),       # kept after a failure: not in /tmp
                               env={"NVCC": str(_failing_nvcc(tmp_path)), "FLOWC_CACHE_DIR": str(tmp_path / "c")})
     assert rc == 1
     verdicts = {name: (verdict, detail) for verdict, name, detail in lines}
