@@ -6,7 +6,8 @@
 
 For float32 messages from 4 B to 64 MB (every power of 4), it times `Allreduce` (blocking) and
 `Iallreduce` + `Wait` (what the data-parallel step issues): all ranks enter each call together (a
-barrier first), a call's time is the slowest rank's, and a size's time is the median of its calls.
+barrier first), a call's time is the slowest rank's, and a size's time is the fastest of its calls:
+the time without interference from other work on a shared machine (the medians are in the JSON too).
 It then fits t = 2(p-1) alpha + 2(p-1)/p S / beta (the ring model of benchmarks/scaling_model.py) by
 least squares on relative error, so that the small messages (latency) weigh as much as the large
 ones (bandwidth).  With `--buckets`, it also times one step's worth of non-blocking all-reduces of
@@ -39,11 +40,13 @@ def _timed(comm: Any, call: Callable[[], None], calls: int) -> list[float]:
     return out
 
 
-def _median_time(comm: Any, call: Callable[[], None]) -> float:
+def _best_and_median(comm: Any, call: Callable[[], None]) -> tuple[float, float]:
+    """The fastest and the median call time, over enough calls to fill MIN_SECONDS."""
     first = _timed(comm, call, MIN_CALLS)
     calls = int(min(MAX_CALLS, max(0.0, MIN_SECONDS / max(min(first), 1e-9) - MIN_CALLS)))
     calls = comm.bcast(calls, root=0)
-    return statistics.median(first + _timed(comm, call, calls))
+    times = first + _timed(comm, call, calls)
+    return min(times), statistics.median(times)
 
 
 def fit_alpha_beta(p: int, sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
@@ -74,20 +77,21 @@ def fit_alpha_beta(p: int, sizes: Sequence[float], seconds: Sequence[float]) -> 
     return max(alpha, 0.0), 1.0 / inv_beta
 
 
-def measure(comm: Any, sizes: Sequence[int]) -> dict[str, dict[int, float]]:
-    """{"blocking"|"nonblocking": {bytes: median seconds}} for float32 messages of these sizes."""
+def measure(comm: Any, sizes: Sequence[int]) -> dict[str, dict[int, tuple[float, float]]]:
+    """{"blocking"|"nonblocking": {bytes: (fastest, median) seconds}} for float32 messages of these sizes."""
     import numpy as np
-    out: dict[str, dict[int, float]] = {"blocking": {}, "nonblocking": {}}
+    out: dict[str, dict[int, tuple[float, float]]] = {"blocking": {}, "nonblocking": {}}
     for size in sizes:
         send = np.ones(size // 4, np.float32)
         recv = np.empty_like(send)
-        out["blocking"][size] = _median_time(comm, lambda s=send, r=recv: comm.Allreduce(s, r))
-        out["nonblocking"][size] = _median_time(comm, lambda s=send, r=recv: comm.Iallreduce(s, r).Wait())
+        out["blocking"][size] = _best_and_median(comm, lambda s=send, r=recv: comm.Allreduce(s, r))
+        out["nonblocking"][size] = _best_and_median(comm, lambda s=send, r=recv: comm.Iallreduce(s, r).Wait())
     return out
 
 
-def measure_buckets(comm: Any, sizes: Sequence[int]) -> float:
-    """Median time of one step's all-reduces: Iallreduce of every bucket, then Wait on each in order."""
+def measure_buckets(comm: Any, sizes: Sequence[int]) -> tuple[float, float]:
+    """(Fastest, median) time of one step's all-reduces: Iallreduce of every bucket, then Wait on each
+    in order."""
     import numpy as np
     bufs = [(np.ones(max(s // 4, 1), np.float32), np.empty(max(s // 4, 1), np.float32)) for s in sizes]
 
@@ -95,7 +99,7 @@ def measure_buckets(comm: Any, sizes: Sequence[int]) -> float:
         for request in [comm.Iallreduce(s, r) for s, r in bufs]:
             request.Wait()
 
-    return _median_time(comm, step)
+    return _best_and_median(comm, step)
 
 
 def probe(comm: Any, sizes: Sequence[int] = SIZES, buckets: Sequence[int] = ()) -> dict:
@@ -105,18 +109,21 @@ def probe(comm: Any, sizes: Sequence[int] = SIZES, buckets: Sequence[int] = ()) 
     times = measure(comm, sizes)
     result: dict[str, Any] = {"ranks": p, "sizes": list(sizes), "fits": {}}
     for kind, by_size in times.items():
-        alpha, beta = fit_alpha_beta(p, list(by_size), list(by_size.values()))
-        result[kind] = {str(s): t for s, t in by_size.items()}
+        best = {s: t[0] for s, t in by_size.items()}
+        alpha, beta = fit_alpha_beta(p, list(best), list(best.values()))
+        result[kind] = {str(s): t for s, t in best.items()}
+        result[kind + "_median"] = {str(s): t[1] for s, t in by_size.items()}
         result["fits"][kind] = {"alpha": alpha, "beta": beta}
     if buckets:
         fit = result["fits"]["nonblocking"]
-        result["buckets"] = {"sizes": list(buckets), "measured": measure_buckets(comm, buckets),
+        best_step, median_step = measure_buckets(comm, buckets)
+        result["buckets"] = {"sizes": list(buckets), "measured": best_step, "measured_median": median_step,
                              "predicted": predict_comm_seconds(buckets, p, fit["alpha"], fit["beta"])}
     return result
 
 
 def _format(result: dict) -> str:
-    lines = [f"MPI all-reduce on {result['ranks']} ranks (float32; median of calls; slowest rank)",
+    lines = [f"MPI all-reduce on {result['ranks']} ranks (float32; fastest call; slowest rank)",
              f"{'bytes':>10} {'blocking (us)':>14} {'Iallreduce+Wait (us)':>21}"]
     for s in result["sizes"]:
         lines.append(f"{s:>10} {result['blocking'][str(s)] * 1e6:>14.1f} {result['nonblocking'][str(s)] * 1e6:>21.1f}")

@@ -270,7 +270,7 @@ def test_model_predicts_a_fresh_two_rank_measurement(tmp_path):
     out = tmp_path / "probe.json"
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "benchmarks.mpi_allreduce_probe",
-                    "--max-bytes", str(16 << 20), "--buckets", ",".join(map(str, sizes)), "--json", str(out)],
+                    "--max-bytes", str(4 << 20), "--buckets", ",".join(map(str, sizes)), "--json", str(out)],
                    check=True, env=env, cwd=ROOT, timeout=300, capture_output=True)
     result = json.loads(out.read_text())
     fit = result["fits"]["nonblocking"]
@@ -278,11 +278,13 @@ def test_model_predicts_a_fresh_two_rank_measurement(tmp_path):
     measured, predicted = result["buckets"]["measured"], result["buckets"]["predicted"]
     assert predicted == pytest.approx(predict_comm_seconds(sizes, 2, fit["alpha"], fit["beta"]))
     assert 1 / TOLERANCE < measured / predicted < TOLERANCE, (measured, predicted)
-    # and the fitted model against every measured message size of 4 KB and up (bandwidth-bound)
+    # and the fitted line against every bandwidth-bound message size (256 KB and up; below, MPICH's
+    # switch from eager to rendezvous messages around 16-64 KB puts the times up to 2x above the line
+    # when the machine is quiet, and more when it is not)
     for size, seconds in result["nonblocking"].items():
-        if int(size) >= 4096:
+        if int(size) >= 256 * 1024:
             model = ring_allreduce_seconds(int(size), 2, fit["alpha"], fit["beta"])
-            assert 1 / TOLERANCE**2 < seconds / model < TOLERANCE**2, (size, seconds, model)
+            assert 1 / TOLERANCE < seconds / model < TOLERANCE, (size, seconds, model)
 
 
 def test_a_single_bucket_is_all_exposed():
