@@ -157,8 +157,8 @@ def split_step(table: ModelTable, step_seconds: float, update_seconds: float = 0
     the top, the rest between forward and backward in proportion to their FLOPs.
 
     Example:
-        times = split_step(model_table_of_job(train, samples=100), step_seconds=0.004)
-        predict_step(table, 2, alpha, beta, times).step
+        table = model_table_of_job(train, samples=100)
+        predict_step(table, 2, alpha, beta, split_step(table, step_seconds=0.004)).step
     """
     if update_seconds > step_seconds:
         raise ValueError(f"update_seconds: {update_seconds} is more than the step's {step_seconds}")
