@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flowc.compiler.backends import HOST_DEVICE, get_backend
+
 # Set by `flowc launch` (flowc/cli/launch_command.py): the processes it started on each machine.
 DEVICES_PER_MACHINE_ENV = "FLOWC_DEVICES_PER_MACHINE"
 
@@ -135,11 +137,11 @@ def _world_of(launcher: Launcher, env: Mapping[str, str]) -> World:
 
 
 # -- the script's configuration against the launched world ----------------------------------------------
-# device -> the flow.config settings that give its devices per machine, the device's own first: OneFlow's
-# documentation programs say gpu_device_num(n) and run here on the CPU with the same meaning.
-DEVICE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("cpu_device_num", "gpu_device_num"),
-    "gpu": ("gpu_device_num", "cpu_device_num"),
+# Is the job's device the host? -> the flow.config settings that give its devices per machine, its own
+# first: OneFlow's documentation programs say gpu_device_num(n) and run here on the CPU meaning the same.
+DEVICE_SETTINGS: dict[bool, tuple[str, ...]] = {
+    True: ("cpu_device_num", "gpu_device_num"),
+    False: ("gpu_device_num", "cpu_device_num"),
 }
 
 
@@ -156,10 +158,8 @@ class Configured:
 
 
 def _configured(config_values: Mapping[str, Any], env_values: Mapping[str, Any], device: str) -> Configured:
-    if device not in DEVICE_SETTINGS:
-        raise ValueError(f"check_configuration: device must be one of {sorted(DEVICE_SETTINGS)}, got {device!r}")
     devices, devices_call = None, "no flow.config.gpu_device_num / cpu_device_num call"
-    for name in DEVICE_SETTINGS[device]:
+    for name in DEVICE_SETTINGS[get_backend(device).is_host]:          # an unknown device fails naming it
         count = config_values.get(name)
         if count:                                # 0 devices of a kind: "none of these", OneFlow's CPU-only
             devices, devices_call = count, f"flow.config.{name}({count})"
@@ -202,13 +202,13 @@ def _devices_per_machine_env(environ: Mapping[str, str]) -> int | None:
 
 
 def check_configuration(world: World, config_values: Mapping[str, Any], env_values: Mapping[str, Any], *,
-                        device: str = "cpu", environ: Mapping[str, str] | None = None,
+                        device: str = HOST_DEVICE, environ: Mapping[str, str] | None = None,
                         script: str | None = None) -> int:
     """The devices per machine, after checking that `world` is what the script configured.
 
     `config_values` is `flow.config.values` (gpu_device_num, cpu_device_num, machine_num), `env_values`
-    is `flow.env.values` (machine: the recorded list, world_size); `device` is the job's device kind
-    ("cpu" or "gpu"), whose own setting counts first.  One process runs per device, so the world must
+    is `flow.env.values` (machine: the recorded list, world_size); `device` is the job's device (a
+    registered backend's name), whose own setting counts first.  One process runs per device, so the world must
     hold machines x devices-per-machine processes; a script that configures nothing runs on any world
     (each process one device).  `FLOWC_DEVICES_PER_MACHINE`, which `flowc launch` sets, is what the
     launch put on each machine.  A mismatch is a `WorldError` naming the calls, the launched world and
