@@ -18,13 +18,13 @@ Example:
 """
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flowc.compiler import settings
 from flowc.compiler.backends import HOST_DEVICE, get_backend
 
 # Set by `flowc launch` (flowc/cli/launch_command.py): the processes it started on each machine.
@@ -84,8 +84,8 @@ LAUNCHERS: tuple[Launcher, ...] = (
 )
 
 
-def _int_var(environ: Mapping[str, str], name: str, launcher: str, minimum: int) -> int:
-    text = environ[name]
+def _int_var(variables: Mapping[str, str], name: str, launcher: str, minimum: int) -> int:
+    text = variables[name]
     try:
         value = int(text.strip())
     except ValueError:
@@ -96,8 +96,9 @@ def _int_var(environ: Mapping[str, str], name: str, launcher: str, minimum: int)
     return value
 
 
-def detect_world(environ: Mapping[str, str] | None = None) -> World:
-    """This process's `World`, from the environment its launcher set (`os.environ` by default).
+def detect_world(variables: Mapping[str, str] | None = None) -> World:
+    """This process's `World`, from the variables its launcher set (this process's environment, read
+    through flowc.compiler.settings, by default; a mapping of them in tests).
 
     No launcher variables: a single process, `World(0, 1, 0, 1)`.  A variable that is not a number, a
     rank outside its size, or a rank without its size is a `WorldError` naming the variable.
@@ -105,7 +106,7 @@ def detect_world(environ: Mapping[str, str] | None = None) -> World:
     Example:
         detect_world({"PMI_RANK": "1", "PMI_SIZE": "2"})   # World(rank=1, size=2, local_rank=1, local_size=2)
     """
-    env = os.environ if environ is None else environ
+    env = settings.mpi_launcher_variables() if variables is None else variables
     for launcher in LAUNCHERS:
         if launcher.rank in env:
             return _world_of(launcher, env)
@@ -195,33 +196,36 @@ def _launch_command(processes: int, machines: int, addresses: Sequence[str], scr
     return shlex.join(["flowc", "launch", "-n", str(processes), *hosts, script])
 
 
-def _devices_per_machine_env(environ: Mapping[str, str]) -> int | None:
-    if DEVICES_PER_MACHINE_ENV not in environ:
+def _devices_per_machine_env(variables: Mapping[str, str] | None) -> int | None:
+    if variables is None:
+        text = settings.devices_per_machine()
+        variables = {} if text is None else {DEVICES_PER_MACHINE_ENV: text}
+    if DEVICES_PER_MACHINE_ENV not in variables:
         return None
-    return _int_var(environ, DEVICES_PER_MACHINE_ENV, "flowc launch", 1)
+    return _int_var(variables, DEVICES_PER_MACHINE_ENV, "flowc launch", 1)
 
 
 def check_configuration(world: World, config_values: Mapping[str, Any], env_values: Mapping[str, Any], *,
-                        device: str = HOST_DEVICE, environ: Mapping[str, str] | None = None,
+                        device: str = HOST_DEVICE, variables: Mapping[str, str] | None = None,
                         script: str | None = None) -> int:
     """The devices per machine, after checking that `world` is what the script configured.
 
     `config_values` is `flow.config.values` (gpu_device_num, cpu_device_num, machine_num), `env_values`
     is `flow.env.values` (machine: the recorded list, world_size); `device` is the job's device (a
-    registered backend's name), whose own setting counts first.  One process runs per device, so the world must
-    hold machines x devices-per-machine processes; a script that configures nothing runs on any world
-    (each process one device).  `FLOWC_DEVICES_PER_MACHINE`, which `flowc launch` sets, is what the
-    launch put on each machine.  A mismatch is a `WorldError` naming the calls, the launched world and
-    the `flowc launch` command that would match (`script` defaults to sys.argv[0]).
+    registered backend's name), whose own setting counts first.  One process runs per device, so the
+    world must hold machines x devices-per-machine processes; a script that configures nothing runs on
+    any world (each process one device).  `FLOWC_DEVICES_PER_MACHINE`, which `flowc launch` sets, is
+    what the launch put on each machine (read through flowc.compiler.settings unless `variables` gives
+    it).  A mismatch is a `WorldError` naming the calls, the launched world and the `flowc launch`
+    command that would match (`script` defaults to sys.argv[0]).
 
     Example:
         check_configuration(World(0, 2, 0, 2), {"gpu_device_num": 2}, {})     # 2
         check_configuration(World(0, 1, 0, 1), {"gpu_device_num": 2}, {})     # WorldError: ... flowc launch -n 2 ...
     """
-    env = os.environ if environ is None else environ
     script_name = script if script is not None else Path(sys.argv[0] or "script.py").name
     configured = _configured(config_values, env_values, device)
-    launched_per_machine = _devices_per_machine_env(env)
+    launched_per_machine = _devices_per_machine_env(variables)
 
     def refuse(problem: str, processes: int, machines: int) -> WorldError:
         command = _launch_command(processes, machines, configured.addresses, script_name)

@@ -13,6 +13,7 @@ import pytest
 
 from flowc.cli import launch_command, main
 from flowc.cli.modules import CliError
+from flowc.compiler import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 HYDRA, OPEN_MPI = launch_command.FLAVOURS
@@ -72,6 +73,7 @@ def test_a_run_passes_arguments_as_argv_items_and_forwards_the_exit_code(tmp_pat
                        f"echo \"$FLOWC_DEVICES_PER_MACHINE\" > {shlex.quote(str(tmp_path / 'env'))}\nexit 7\n")
     mpiexec.chmod(0o755)
     monkeypatch.setattr(launch_command, "find_mpiexec", lambda: str(mpiexec))
+    monkeypatch.setenv("FLOWC_DEVICES_PER_MACHINE", "1")     # flowc launch sets it in this process: undone after
     assert main(["launch", "-n", "2", str(script), "a b", "$(echo no)"]) == 7
     assert (tmp_path / "argv").read_text().splitlines() == ["-n", "2", "-genv", "FLOWC_DEVICES_PER_MACHINE", "2",
                                                             sys.executable, str(script), "a b", "$(echo no)"]
@@ -136,7 +138,8 @@ print(f"rank {world.rank} of {world.size}, local {world.local_rank} of {world.lo
 def test_flowc_launch_runs_two_processes(tmp_path):
     script = tmp_path / "tiny_script.py"
     script.write_text(TINY_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL"))}
+    env = {k: v for k, v in os.environ.items() if k not in settings.MPI_LAUNCHER_VARIABLES
+           and k != "FLOWC_DEVICES_PER_MACHINE"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-m", "flowc", "launch", "-n", "2", str(script), "--seed", "1"],

@@ -10,7 +10,8 @@ import pytest
 import flow
 import flow.config as config_module
 import flow.env as env_module
-from flowc.runtime.world import SINGLE_PROCESS, World, WorldError, check_configuration, detect_world
+from flowc.compiler import settings
+from flowc.runtime.world import LAUNCHERS, SINGLE_PROCESS, World, WorldError, check_configuration, detect_world
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,26 @@ def test_detect_world_names_a_malformed_variable(environ, message):
         detect_world(environ)
 
 
+def test_the_launchers_variables_are_the_ones_settings_reads():
+    named = [name for launcher in LAUNCHERS for name in (launcher.rank, *launcher.sizes, launcher.local_rank,
+                                                           launcher.local_size) if name is not None]
+    assert sorted(named) == sorted(settings.MPI_LAUNCHER_VARIABLES)
+
+
+def test_detect_world_reads_this_processs_environment(monkeypatch):
+    for name in settings.MPI_LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert detect_world() == SINGLE_PROCESS
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "3")
+    assert detect_world() == World(1, 3, 1, 3)
+    monkeypatch.setenv("FLOWC_DEVICES_PER_MACHINE", "3")
+    assert check_configuration(detect_world(), {"cpu_device_num": 3}, {}) == 3
+    monkeypatch.setenv("FLOWC_DEVICES_PER_MACHINE", "three")
+    with pytest.raises(WorldError, match="FLOWC_DEVICES_PER_MACHINE='three' .set by flowc launch. is not an int"):
+        check_configuration(detect_world(), {}, {})
+
+
 def test_world_properties():
     assert SINGLE_PROCESS.is_master and not SINGLE_PROCESS.is_distributed
     worker = World(rank=1, size=2, local_rank=1, local_size=2)
@@ -100,7 +121,7 @@ ACCEPTED = [
 @pytest.mark.parametrize("size, config, env, device, per_machine_env, devices", ACCEPTED)
 def test_check_configuration_accepts(size, config, env, device, per_machine_env, devices):
     environ = {} if per_machine_env is None else {"FLOWC_DEVICES_PER_MACHINE": per_machine_env}
-    assert check_configuration(world(size), config, env, device=device, environ=environ,
+    assert check_configuration(world(size), config, env, device=device, variables=environ,
                                script="train.py") == devices
 
 
@@ -140,26 +161,26 @@ REFUSED = [
 def test_check_configuration_refuses_a_mismatch(size, config, env, per_machine_env, message):
     environ = {} if per_machine_env is None else {"FLOWC_DEVICES_PER_MACHINE": per_machine_env}
     with pytest.raises(WorldError, match=re.escape(message)):
-        check_configuration(world(size), config, env, environ=environ, script="train.py")
+        check_configuration(world(size), config, env, variables=environ, script="train.py")
 
 
 def test_check_configuration_reads_what_the_script_set():
     flow.config.gpu_device_num(2)
     flow.env.machine("node1", "node2")
-    assert check_configuration(world(4), flow.config.values, flow.env.values, environ={}) == 2
+    assert check_configuration(world(4), flow.config.values, flow.env.values, variables={}) == 2
     with pytest.raises(WorldError, match=r"run `flowc launch -n 4 --hosts node1,node2 'my script.py'`"):
-        check_configuration(world(2), flow.config.values, flow.env.values, environ={}, script="my script.py")
+        check_configuration(world(2), flow.config.values, flow.env.values, variables={}, script="my script.py")
 
 
 def test_check_configuration_names_the_running_script(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/home/me/train_mlp.py", "--lr", "0.1"])
     with pytest.raises(WorldError, match=r"run `flowc launch -n 2 train_mlp.py`"):
-        check_configuration(world(1), {"gpu_device_num": 2}, {}, environ={})
+        check_configuration(world(1), {"gpu_device_num": 2}, {}, variables={})
 
 
 def test_check_configuration_refuses_an_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'tpu': flowc has backends for 'cpu'"):
-        check_configuration(world(1), {}, {}, device="tpu", environ={})
+        check_configuration(world(1), {}, {}, device="tpu", variables={})
 
 
 # -- flow.config and flow.env record what the world is checked against ----------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from flowc.cli.modules import CliError
+from flowc.compiler import settings
 from flowc.runtime.world import DEVICES_PER_MACHINE_ENV
 
 EPILOG = """examples:
@@ -137,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(argv))
         return 0
-    env = dict(os.environ, **{DEVICES_PER_MACHINE_ENV: str(per_host)})
-    with subprocess.Popen(argv, env=env) as proc:
+    settings.set_devices_per_machine(per_host)       # for the ranks on this machine; -genv / -x for all
+    with subprocess.Popen(argv) as proc:
         try:
             code = proc.wait()
         except KeyboardInterrupt:        # mpiexec got the Ctrl-C too (same process group) and stops the ranks
