@@ -128,8 +128,10 @@ from flowc.runtime.world import check_configuration, detect_world
 flow.config.cpu_device_num(2)
 world = detect_world()
 devices = check_configuration(world, flow.config.values, flow.env.values)
-print(f"rank {world.rank} of {world.size}, local {world.local_rank} of {world.local_size}, "
-      f"{devices} devices per machine, args {sys.argv[1:]}", flush=True)
+# one file per rank: mpiexec forwards the ranks' stdout in chunks, so two lines can interleave
+with open(f"rank{world.rank}.txt", "w") as out:
+    out.write(f"rank {world.rank} of {world.size}, local {world.local_rank} of {world.local_size}, "
+              f"{devices} devices per machine, args {sys.argv[1:]}")
 """
 
 
@@ -145,8 +147,11 @@ def test_flowc_launch_runs_two_processes(tmp_path):
     done = subprocess.run([sys.executable, "-m", "flowc", "launch", "-n", "2", str(script), "--seed", "1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = sorted(done.stdout.splitlines())
-    assert lines == [f"rank {r} of 2, local {r} of 2, 2 devices per machine, args ['--seed', '1']" for r in (0, 1)]
+    written = sorted(p.name for p in tmp_path.glob("rank*.txt"))
+    assert written == ["rank0.txt", "rank1.txt"], (written, done.stdout)
+    for r in (0, 1):
+        assert (tmp_path / f"rank{r}.txt").read_text() == (f"rank {r} of 2, local {r} of 2, 2 devices per machine, "
+                                                           "args ['--seed', '1']")
 
     # the same script run alone: the configured 2 devices are refused, naming the command that matches
     alone = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
