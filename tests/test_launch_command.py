@@ -137,14 +137,15 @@ with open(f"rank{world.rank}.txt", "w") as out:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_MPIEXEC, reason="no mpiexec (pip install 'flowc[distributed]')")
-def test_flowc_launch_runs_two_processes(tmp_path):
+@pytest.mark.parametrize("hosts", [[], ["--hosts", "localhost"]], ids=["no_hosts", "localhost"])
+def test_flowc_launch_runs_two_processes(tmp_path, hosts):
     script = tmp_path / "tiny_script.py"
     script.write_text(TINY_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in settings.MPI_LAUNCHER_VARIABLES
            and k != "FLOWC_DEVICES_PER_MACHINE"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "flowc", "launch", "-n", "2", str(script), "--seed", "1"],
+    done = subprocess.run([sys.executable, "-m", "flowc", "launch", "-n", "2", *hosts, str(script), "--seed", "1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     written = sorted(p.name for p in tmp_path.glob("rank*.txt"))
