@@ -74,13 +74,13 @@ class Launcher:
 
 
 # Checked in order: Open MPI's own variables before the PMIx ones it also sets, MPICH's before PMIx's
-# (Slurm with --mpi=pmi2 sets PMI_*).  PMIx itself does not export the job's size; under Slurm it is
-# SLURM_STEP_NUM_TASKS / SLURM_NTASKS.
+# (Slurm with --mpi=pmi2 sets PMI_*).  PMIx exports no variable with the job's size (a PMIx client asks
+# its server); under Slurm it is SLURM_STEP_NUM_TASKS / SLURM_NTASKS, elsewhere the rank alone is an error.
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("Open MPI", "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",),
              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     Launcher("MPICH (Hydra)", "PMI_RANK", ("PMI_SIZE",), "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    Launcher("PMIx", "PMIX_RANK", ("PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "SLURM_LOCALID", None),
+    Launcher("PMIx", "PMIX_RANK", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "SLURM_LOCALID", None),
 )
 
 

@@ -33,7 +33,7 @@ def fresh_settings(monkeypatch):
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_RANK": "2"}, World(2, 4, 0, 2)),
     ({"PMIX_RANK": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, World(5, 8, 1, 8)),
-    ({"PMIX_RANK": "0", "PMIX_SIZE": "2", "SLURM_NTASKS": "8"}, World(0, 2, 0, 2)),
+    ({"PMIX_RANK": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "8"}, World(0, 2, 0, 2)),
     ({"PMI_RANK": " 0 ", "PMI_SIZE": "1"}, World(0, 1, 0, 1)),
 ])
 def test_detect_world_reads_each_launcher(environ, world):
@@ -52,7 +52,7 @@ def test_detect_world_reads_each_launcher(environ, world):
      "OMPI_COMM_WORLD_LOCAL_SIZE=3 is above OMPI_COMM_WORLD_SIZE=2"),
     ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "2"},
      "MPI_LOCALRANKID=2 is not below the processes on this machine"),
-    ({"PMIX_RANK": "1"}, "PMIX_RANK='1' is set (by PMIx) but not the number of processes: none of PMIX_SIZE, "
+    ({"PMIX_RANK": "1"}, "PMIX_RANK='1' is set (by PMIx) but not the number of processes: none of "
                          "SLURM_STEP_NUM_TASKS, SLURM_NTASKS"),
     ({"PMIX_RANK": "1", "SLURM_NTASKS": "2.0"}, "SLURM_NTASKS='2.0' (set by PMIx) is not an int >= 1"),
 ])
