@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
-# The stamp is rebuilt only when the package metadata changes, so `make test`
+# The distributed extra (mpi4py and the mpich wheel) is in the stamp so `make test` runs the
+# multi-process tests too.  The stamp is rebuilt only when the package metadata changes, so `make test`
 # does not reinstall every time; the install is editable, so code edits need no
 # reinstall either.
 STAMP  := $(VENV)/.installed
@@ -15,7 +16,7 @@ venv: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet -e '.[test,lint]'
+	$(VPY) -m pip install --quiet -e '.[test,lint,distributed]'
 	@touch $(STAMP)
 
 # ruff and mypy, configured in pyproject.toml ([tool.ruff], [tool.mypy]: the packages flow and flowc).

@@ -82,6 +82,11 @@ SETTINGS: tuple[Setting, ...] = (
             "`1` makes a `\"gpu\"` placement an error where no GPU can run it (otherwise it runs on the CPU "
             "with one warning saying why). Only the exact value `1` turns it on.",
             "runtime.devices"),
+    Setting("FLOWC_DEVICES_PER_MACHINE", "text", "unset: the launched processes share one machine",
+            "the processes (one per device) `flowc launch` started on each machine: a whole number, set by "
+            "`flowc launch` in every process it starts (N / the number of `--hosts`); the script's "
+            "`flow.config.gpu_device_num` / `cpu_device_num` must agree with it (docs/distributed.md).",
+            "runtime.world, cli.launch_command"),
     Setting("CXX", "text", "`g++`",
             "C++ compiler to use for CPU kernels, as a command line (`clang++`, `ccache g++`).",
             "compiler.toolchain", "toolchain"),
@@ -199,6 +204,33 @@ def lock_timeout() -> float | None:
         raise ValueError(f"FLOWC_LOCK_TIMEOUT={raw!r}: expected a whole number of seconds "
                          "(0 waits without a limit)") from None
     return float(seconds) if seconds > 0 else None
+
+
+def devices_per_machine() -> str | None:
+    """``$FLOWC_DEVICES_PER_MACHINE`` as written (runtime/world.py parses it, naming it when malformed), or
+    None when unset."""
+    return _text("FLOWC_DEVICES_PER_MACHINE")
+
+
+def set_devices_per_machine(count: int) -> None:
+    """Tell the processes this one starts (through mpiexec) how many of them share each machine."""
+    # Written to the environment, like set_cache_dir: mpiexec hands it on to every rank.
+    os.environ["FLOWC_DEVICES_PER_MACHINE"] = str(count)
+
+
+# What MPI launchers set in each process they start (flowc reads them, never sets them): rank, size,
+# and the processes on this machine.  runtime/world.py's LAUNCHERS table says which launcher sets which
+# (tests/test_world.py keeps the two lists equal); docs/distributed.md lists them.
+MPI_LAUNCHER_VARIABLES: tuple[str, ...] = (
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    "PMIX_RANK", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID",
+)
+
+
+def mpi_launcher_variables() -> dict[str, str]:
+    """The `MPI_LAUNCHER_VARIABLES` set in this process, name -> value (empty when no launcher started it)."""
+    return {name: os.environ[name] for name in MPI_LAUNCHER_VARIABLES if name in os.environ}
 
 
 def cxx() -> str | None:

@@ -1,13 +1,16 @@
 """`flow.config`: OneFlow 0.3's environment settings, from one rule table (`OPTIONS`).
 
-flowc runs a job on one device of one machine, so most settings have nothing to act on: they check
-their argument as OneFlow does, record it and do nothing else (status `meaningless`), or ask for what
-flowc always does (status `always`).  A setting whose value would need what flowc lacks fails
-(`machine_num(2)`), and `load_library` fails naming the feature (flow/unsupported.py).  Misspelled
-names fail with the closest name.
+Every setting checks its argument as OneFlow does and records it in `values`.  The devices per
+machine (`gpu_device_num`, `cpu_device_num`) and the machines (`machine_num`, with flow.env.machine)
+say how many processes the job runs in, one per device: the runtime checks them against the launched
+MPI world (`flowc.runtime.world.check_configuration`; launch with `flowc launch -n N script.py`, see
+docs/distributed.md).  Most other settings tune what flowc does not have (RDMA, actor queues, NCCL
+boxing fusion) and do nothing else (status `meaningless`), or ask for what flowc always does (status
+`always`).  `load_library` fails naming the feature (flow/unsupported.py).  Misspelled names fail
+with the closest name.
 
 Example:
-    flow.config.gpu_device_num(1)
+    flow.config.gpu_device_num(2)            # two processes per machine: flowc launch -n 2 train.py
     flow.config.enable_legacy_model_io(True)
     flow.config.collective_boxing.nccl_fusion_threshold_mb(16)
     flow.config.load_library("my_op.so")     # UnsupportedError: ... custom C++ ops ...
@@ -19,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flow import unsupported as _unsupported
-from flowc.compiler.errors import UnsupportedError
 
 ALWAYS, MEANINGLESS, IMPLEMENTED = "always", "meaningless", "implemented"
 _REQUIRED = object()
@@ -37,14 +39,6 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def _one_machine(name: str, value: Any) -> int:
-    count = _count(name, value)
-    if count > 1:
-        raise UnsupportedError(f"flow.config.{name}({count}): flowc runs on one machine; several machines "
-                               "are not supported")
-    return count
-
-
 @dataclass(frozen=True)
 class ConfigOption:
     """One `flow.config` setting: status, note, argument check and the default when called bare."""
@@ -55,15 +49,20 @@ class ConfigOption:
     note: str
 
 
-_ONE_DEVICE = "flowc runs a job on one device (one GPU at most); nothing is distributed"
-_NETWORK = "flowc runs on one machine: there is no network transport to tune"
-_BOXING = "collective communication between devices does not happen on one device"
+_DEVICES = ("the devices per machine, one process each: the launched world must hold machines x devices "
+            "processes (flowc launch -n N); {kind}")
+_NETWORK = "MPI (NCCL between GPUs) carries the traffic between processes: no OneFlow transport to tune"
+_BOXING = "tunes OneFlow's collective boxing; flowc plans its own collectives"
 _IO = "flowc reads and writes both checkpoint formats (flow.train.CheckPoint and flow.checkpoint) always"
 
 _TABLE: list[tuple[str, str, Callable[[str, Any], Any], Any, str]] = [
-    ("machine_num", IMPLEMENTED, _one_machine, _REQUIRED, "1 is accepted; more machines fail"),
-    ("gpu_device_num", MEANINGLESS, _count, _REQUIRED, _ONE_DEVICE),
-    ("cpu_device_num", MEANINGLESS, _count, _REQUIRED, "one CPU device; its threads come from OpenMP"),
+    ("machine_num", IMPLEMENTED, _count, _REQUIRED,
+     "the number of machines (as flow.env.machine's list, which it must agree with), checked against the "
+     "launched world"),
+    ("gpu_device_num", IMPLEMENTED, _count, _REQUIRED,
+     _DEVICES.format(kind="counts for GPU jobs, and for CPU jobs when cpu_device_num is not set")),
+    ("cpu_device_num", IMPLEMENTED, _count, _REQUIRED,
+     _DEVICES.format(kind="counts for CPU jobs (each CPU device's threads come from OpenMP)")),
     ("comm_net_worker_num", MEANINGLESS, _count, _REQUIRED, _NETWORK),
     ("max_mdsave_worker_num", MEANINGLESS, _count, _REQUIRED, "checkpoints are written by the calling thread"),
     ("enable_numa_aware_cuda_malloc_host", MEANINGLESS, _bool, True, "flowc allocates host memory with NumPy"),

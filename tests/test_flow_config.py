@@ -17,7 +17,7 @@ def resolve(qualified: str):
 
 
 # -- flow.config ---------------------------------------------------------------------------------------
-SAMPLE = {config_module._bool: True, config_module._count: 1, config_module._one_machine: 1}
+SAMPLE = {config_module._bool: True, config_module._count: 1}
 
 
 @pytest.mark.parametrize("name", list(config_module.OPTIONS))
@@ -48,8 +48,8 @@ def test_config_settings_check_their_arguments(monkeypatch):
         flow.config.enable_model_io_v2("yes")
     with pytest.raises(TypeError, match="enable_model_io_v2: missing its argument"):
         flow.config.enable_model_io_v2()
-    with pytest.raises(flow.UnsupportedError, match="machine_num.2.: flowc runs on one machine"):
-        flow.config.machine_num(2)
+    flow.config.machine_num(2)                            # several machines: recorded, checked at launch
+    assert config_module.values["machine_num"] == 2       # (tests/test_world.py)
 
 
 @pytest.mark.parametrize("wrong, closest", [("gpu_device_nums", "gpu_device_num"),

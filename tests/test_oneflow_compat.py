@@ -51,10 +51,11 @@ def test_unsupported_features_of_the_issue_fail_at_the_call():
         flow.data.ofrecord_reader("/data", batch_size=32)
 
 
-def test_accepted_settings_check_their_argument_and_refuse_several_machines():
+def test_env_settings_check_their_argument_and_record_several_machines(monkeypatch):
+    monkeypatch.setattr(flow.env, "values", {})
     flow.env.ctrl_port(9988)
     flow.env.machine([{"addr": "127.0.0.1"}])
     with pytest.raises(ValueError, match="port"):
         flow.env.ctrl_port(70000)
-    with pytest.raises(UnsupportedError, match="2 machines"):
-        flow.env.machine([{"addr": "192.168.1.12"}, {"addr": "192.168.1.11"}])
+    flow.env.machine([{"addr": "192.168.1.12"}, {"addr": "192.168.1.11"}])     # checked at launch (test_world.py)
+    assert flow.env.values == {"ctrl_port": 9988, "machine": [{"addr": "192.168.1.12"}, {"addr": "192.168.1.11"}]}

@@ -4,6 +4,7 @@
     flowc show MODULE.py[:JOB] --ir | --passes | --code | --memory | --kernels
     flowc graph MODULE.py:JOB -o FILE.{dot,svg,png}
     flowc cache info | list | clear
+    flowc launch -n N [--hosts H1,H2] SCRIPT.py [ARGS...]   run a script in N MPI processes
     flowc --version
 
 Each command lives in its own module with `add_parser(subparsers)` and `run(args) -> exit code`.
@@ -17,10 +18,11 @@ import argparse
 import os
 import sys
 
-from flowc.cli import cache_command, compile_command, graph_command, show_command
+from flowc.cli import cache_command, compile_command, graph_command, launch_command, show_command
 from flowc.cli.modules import CliError, ProcessExitRefused, refusing_os_exit
 
-COMMANDS = {"compile": compile_command, "show": show_command, "graph": graph_command, "cache": cache_command}
+COMMANDS = {"compile": compile_command, "show": show_command, "graph": graph_command, "cache": cache_command,
+            "launch": launch_command}
 
 
 def build_parser() -> argparse.ArgumentParser:
