@@ -192,6 +192,10 @@ class JobFunction:
             from flowc.runtime.devices import load_step
             with _build_lock:
                 loaded = load_step(self._compiled, session, self.config.depth)
+            cluster = session.cluster
+            if cluster is not None and cluster.world.is_master and self._traced.distribution is not None:
+                from flowc.runtime.distributed import DistributedStep
+                loaded = DistributedStep(loaded, self._traced, cluster, self.name)
             ready = ReadyStep(self.name, self.job_type == "train", session, self._traced, loaded,
                               Register(loaded.slots))
             self._ready = ready
@@ -209,6 +213,8 @@ class JobFunction:
         with self._lock:
             if self._traced is None or self._session is not session:
                 from flowc.compiler.build import build_job_graph
+                from flowc.runtime.distributed import join
+                join(session)         # launched as several MPI ranks: the graph is one rank's share
                 self.config.check_for_job(self.name)
                 self.release()
                 start = time.perf_counter()
@@ -348,6 +354,12 @@ class JobFunction:
         return list(args)
 
     def _call_bound(self, arrays: list[np.ndarray]) -> Any:
+        session = default_session()
+        if not session.joined:
+            from flowc.runtime.distributed import join
+            cluster = join(session)
+            if cluster is not None and not cluster.world.is_master:
+                cluster.serve(session)          # a worker: computes the master's steps, then exits
         ready = self._begin_call()
         try:
             pipeline = ready.session.pipeline

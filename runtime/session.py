@@ -42,6 +42,13 @@ class Session:
     pending_values: dict[str, Any] = field(default_factory=dict)
     # Loaded steps off the host (GPU): their device memory is freed when the session closes.
     loaded_steps: list[Any] = field(default_factory=list)
+    # A session over several MPI ranks (runtime/distributed.py, made by `distributed.join` at the first
+    # job call or trace): the ranks a job's batch is split over, the bucket size of its gradient
+    # all-reduces, and the cluster; one rank and no cluster in a process launched alone.
+    ranks: int = 1
+    bucket_bytes: int = 16 << 20
+    cluster: Any = None
+    joined: bool = False
 
     def add_job_function(self, job: Any) -> None:
         """Remember a job function of this session (decorated while it was the default one, or called in
@@ -49,6 +56,11 @@ class Session:
         with self._lock:
             if not any(known is job for known in self._job_functions):
                 self._job_functions.append(job)
+
+    def job_named(self, name: str) -> Any:
+        """The session's job function called `name`, or None."""
+        with self._lock:
+            return next((job for job in self._job_functions if job.name == name), None)
 
     def trace_jobs(self, why: str) -> None:
         """Trace every job function of the session not traced in it yet, declaring their variables.

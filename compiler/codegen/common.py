@@ -373,6 +373,8 @@ def literal(value) -> CodeText:
 
 def describe_binding(b: tuple) -> CodeText:
     """A pointer-table entry in words, for the generated source's comments (a variable's name sanitised)."""
+    if b[0] == "comm":
+        return code("the communication engine's table (flowc_comm.h)")
     return code("the arena") if b[0] == "arena" else code_format("{} {}", code(b[0]), repr(b[1]))
 
 

@@ -1,0 +1,210 @@
+"""A session over several MPI ranks: the master runs the script, the others compute.
+
+OneFlow's model: the same script runs on every machine; machine 0 (the master) builds the jobs,
+takes the calls, prints, returns results, fires callbacks and saves checkpoints, and the others
+only compute.  flowc keeps it literally.  Every rank traces and compiles the same jobs (each its
+share of the batch: compiler/passes/data_parallel.py).  At its first job call a worker stops
+running the script and serves the master instead: for each call the master sends every worker its
+share of the inputs and the step's runtime scalars, all ranks run the compiled step (whose
+gradient all-reduces meet inside it, runtime/collectives.py), and the workers send their results
+back; the master puts each result together as its layout says (a split result is concatenated in
+rank order, a partial sum added up) and returns the logical value.  When the master's script ends
+it tells the workers to exit.
+
+Messages travel on a duplicate of MPI's world communicator (pickled, small), the sums inside the
+steps on another, so the two never match each other's messages.
+
+Example (run as `mpiexec -n 2 python train.py`; nothing in the script changes)::
+
+    loss = train_job(images, labels)     # rank 0: the loss of the global batch; rank 1 never returns
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from flowc.compiler.errors import DistributedError
+from flowc.runtime.collectives import CommEngine
+from flowc.runtime.loaded_step import LoadedStep
+from flowc.runtime.world import World, detect_world
+
+if TYPE_CHECKING:
+    from flowc.compiler.build import TracedJob
+    from flowc.runtime.session import Session
+
+
+class Cluster:
+    """The ranks of a distributed session: the control channel and the steps' engines."""
+
+    def __init__(self, world: World) -> None:
+        from mpi4py import MPI
+        self.world = world
+        self.control = MPI.COMM_WORLD.Dup()        # master <-> worker messages
+        self.collective = MPI.COMM_WORLD.Dup()     # the compiled steps' all-reduces
+        self.engines: list[CommEngine] = []
+        self.variables_sent = False
+        self._closed = False
+
+    @property
+    def ranks(self) -> int:
+        return self.world.size
+
+    def engine(self, graph) -> CommEngine:
+        """A new engine for a loaded step of `graph` (one bucket per distinct `bucket` attribute)."""
+        buckets = 1 + max((n.attr("bucket") for n in graph.nodes if n.op == "all_reduce"), default=-1)
+        engine = CommEngine(self.collective, max(buckets, 1))
+        self.engines.append(engine)
+        return engine
+
+    def waited_seconds(self) -> float:
+        """Seconds this rank's steps spent waiting for gradient sums, over every step so far."""
+        return sum(e.waited_seconds() for e in self.engines)
+
+    # -- the master's side ------------------------------------------------------------------
+    def send_variables(self, session: Session) -> None:
+        """Every variable's value to every worker (before the first step: the master may have loaded
+        a checkpoint or set values the workers' initializers did not make)."""
+        values = {name: session.value(name) for name in session.variables}
+        for rank in range(1, self.ranks):
+            self.control.send(("variables", values), dest=rank)
+        self.variables_sent = True
+
+    def shutdown(self, session: Session | None = None) -> None:
+        """Tell the workers to exit (the master's script has ended), once the calls in flight are done."""
+        if self._closed or not self.world.is_master:
+            return
+        self._closed = True
+        if session is not None:
+            try:
+                session.sync("the end of the master's script")
+            except Exception as err:      # a failed call was the script's to report; the workers still exit
+                print(f"flowc: {err}", file=sys.stderr)
+        for rank in range(1, self.ranks):
+            self.control.send(("exit",), dest=rank)
+
+    # -- a worker's side ---------------------------------------------------------------------
+    def serve(self, session: Session) -> None:
+        """Run the master's steps until it says exit; then end this process (a worker never goes back
+        to the script: only the master prints, saves and fires callbacks)."""
+        while True:
+            message = self.control.recv(source=0)
+            kind = message[0]
+            if kind == "exit":
+                break
+            if kind == "variables":
+                for name, value in message[1].items():
+                    if name in session.variables:
+                        np.copyto(session.value(name), value)
+                continue
+            _, job_name, arrays, scalars = message
+            try:
+                outputs = self._run(session, job_name, arrays, scalars)
+                reply: tuple = ("ok", outputs)
+            except Exception as err:        # the master raises it, naming this rank
+                reply = ("error", f"{type(err).__name__}: {err}")
+            self.control.send(reply, dest=0)
+        for engine in self.engines:
+            engine.close()
+        sys.stdout.flush()
+        sys.exit(0)
+
+    def _run(self, session: Session, job_name: str, arrays: list[np.ndarray], scalars: dict) -> list[np.ndarray]:
+        job = session.job_named(job_name)
+        if job is None:
+            raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
+                                   "function before the first job call, the same on every rank")
+        loaded = job._ensure_ready().loaded
+        inner = loaded.inner if isinstance(loaded, DistributedStep) else loaded
+        slot = inner.slots[0]
+        inner.feed(slot, arrays, scalars)
+        return inner.compute(slot)
+
+
+class DistributedStep(LoadedStep):
+    """The master's view of a job over every rank: it feeds and computes like one step, taking the
+    logical (global) inputs and returning the logical results."""
+
+    def __init__(self, inner: LoadedStep, traced: TracedJob, cluster: Cluster, job_name: str) -> None:
+        assert traced.distribution is not None
+        self.inner, self.cluster, self.job_name = inner, cluster, job_name
+        self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
+        self.layouts = traced.distribution.outputs
+        self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
+
+    def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
+        shards, kept = self._pending.get(id(slot), ([], {}))
+        if arrays:
+            ranks = self.cluster.ranks
+            split = [np.split(np.asarray(a), ranks, axis=0) for a in arrays]
+            shards = [[np.array(parts[r]) for parts in split] for r in range(ranks)]   # copies: callers reuse theirs
+            self.inner.feed(slot, shards[0], scalars)
+        elif scalars:
+            self.inner.feed(slot, (), scalars)
+        if scalars:
+            kept = {**kept, **scalars}
+        self._pending[id(slot)] = (shards, kept)
+
+    def compute(self, slot: Any) -> list[np.ndarray]:
+        cluster = self.cluster
+        if not cluster.variables_sent:
+            cluster.send_variables(self.session)
+        shards, scalars = self._pending.pop(id(slot), ([], {}))
+        for rank in range(1, cluster.ranks):
+            cluster.control.send(("step", self.job_name, shards[rank] if shards else [], scalars), dest=rank)
+        try:
+            local = self.inner.compute(slot)
+        finally:
+            replies = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
+        failed = [(rank, text) for rank, (status, text) in enumerate(replies, start=1) if status == "error"]
+        if failed:
+            raise DistributedError("; ".join(f"rank {rank}: {text}" for rank, text in failed))
+        return self._combine([local] + [outputs for _, outputs in replies])
+
+    def _combine(self, per_rank: list[list[np.ndarray]]) -> list[np.ndarray]:
+        results = []
+        for i, layout in enumerate(self.layouts):
+            values = [outputs[i] for outputs in per_rank]
+            if layout == "split":
+                results.append(np.concatenate(values, axis=0))
+            elif layout == "partial_sum":
+                total = values[0].copy()
+                for v in values[1:]:          # rank order: the same sum in every run
+                    total += v
+                results.append(total)
+            else:
+                results.append(values[0])
+        return results
+
+    def compute_borrowed(self, slot: Any, arrays: Sequence[np.ndarray],
+                         scalars: dict[str, float] | None = None) -> list[np.ndarray]:
+        self.feed(slot, arrays, scalars)
+        return self.compute(slot)
+
+    def profile(self) -> list[tuple[str, float]]:
+        return self.inner.profile()
+
+    def failed_value(self, node_id: int, slot: Any) -> np.ndarray:
+        return self.inner.failed_value(node_id, slot)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+def join(session: Session) -> Cluster | None:
+    """The session's cluster when this process was launched as one of several MPI ranks (made at
+    the first job call, before any job is traced: their graphs depend on the number of ranks)."""
+    if session.joined:
+        return session.cluster
+    session.joined = True
+    world = detect_world()
+    if not world.is_distributed:
+        return None
+    cluster = Cluster(world)
+    session.cluster = cluster
+    session.ranks = world.size
+    if world.is_master:
+        atexit.register(cluster.shutdown, session)
+    return cluster
