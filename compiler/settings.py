@@ -90,7 +90,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLOWC_MPICC", "text", "`mpicc` next to the Python interpreter, else on `PATH`",
             "the MPI compiler wrapper that builds flowc's MPI engine (`codegen_templates/cpu/flowc_comm_mpi.c`), "
             "once per MPI installation. It must belong to the MPI that mpi4py loads.",
-            "compiler.comm_library", "toolchain"),
+            "compiler.comm_library"),
     Setting("CXX", "text", "`g++`",
             "C++ compiler to use for CPU kernels, as a command line (`clang++`, `ccache g++`).",
             "compiler.toolchain", "toolchain"),

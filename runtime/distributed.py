@@ -21,15 +21,23 @@ Example (run as `mpiexec -n 2 python train.py`; nothing in the script changes)::
 from __future__ import annotations
 
 import atexit
+import os
+import socket
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from flowc.compiler.errors import DistributedError
+from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.world import World, detect_world
+
+# How often a rank looks whether the other ranks on its host are still alive.
+WATCH_SECONDS = 0.2
 
 if TYPE_CHECKING:
     from flowc.compiler.build import TracedJob
@@ -47,6 +55,30 @@ class Cluster:
         self.engines: list[CommEngine] = []
         self.variables_sent = False
         self._closed = False
+        # (host, pid) of every rank, for the watchdog (a collective: every rank makes its cluster at once)
+        self.peers: list[tuple[str, int]] = self.control.allgather((socket.gethostname(), os.getpid()))
+        self.job = "the script"          # what this rank runs, for the watchdog's message
+        threading.Thread(target=self._watch, name="flowc-rank-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Stop this rank, naming the rank that was lost, when another rank on this host has died.
+
+        A rank that dies leaves the others waiting inside MPI for it.  `mpiexec` (MPICH's Hydra) kills
+        them at once, unless told not to (`-disable-auto-cleanup`, which `flowc launch` passes): then
+        this watchdog reports which rank is gone and ends this one within WATCH_SECONDS.  Ranks on
+        other hosts are found by the collectives' timeout (FLOWC_COMM_TIMEOUT) instead."""
+        host = socket.gethostname()
+        local = [(rank, pid) for rank, (h, pid) in enumerate(self.peers) if h == host and rank != self.world.rank]
+        while local and not self._closed:
+            time.sleep(WATCH_SECONDS)
+            lost = [(rank, pid) for rank, pid in local if not _alive(pid)]
+            if lost and not self._closed:
+                names = ", ".join(f"rank {rank} (pid {pid} on {host})" for rank, pid in lost)
+                role = "the master" if any(rank == 0 for rank, _ in lost) else "a worker"
+                sys.stderr.write(f"flowc: {names} was lost while running {self.job}: {role} stopped; rank "
+                                 f"{self.world.rank} stops too\n")
+                sys.stderr.flush()
+                os._exit(1)
 
     @property
     def ranks(self) -> int:
@@ -99,10 +131,17 @@ class Cluster:
                     if name in session.variables:
                         np.copyto(session.value(name), value)
                 continue
-            _, job_name, arrays, scalars = message
+            _, job_name, arrays, scalars, expected = message
+            self.job = f"job {job_name!r}"
             try:
-                outputs = self._run(session, job_name, arrays, scalars)
-                reply: tuple = ("ok", outputs)
+                loaded = self._loaded(session, job_name)
+                if expected is not None:     # the job's first step: do both ranks run the same graph?
+                    mismatch = _compare(expected, loaded.graph, self.world.rank)
+                    self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
+                    if mismatch:
+                        continue
+                loaded.feed(loaded.slots[0], arrays, scalars)
+                reply: tuple = ("ok", loaded.compute(loaded.slots[0]))
             except Exception as err:        # the master raises it, naming this rank
                 reply = ("error", f"{type(err).__name__}: {err}")
             self.control.send(reply, dest=0)
@@ -111,16 +150,28 @@ class Cluster:
         sys.stdout.flush()
         sys.exit(0)
 
-    def _run(self, session: Session, job_name: str, arrays: list[np.ndarray], scalars: dict) -> list[np.ndarray]:
+    def _loaded(self, session: Session, job_name: str) -> LoadedStep:
         job = session.job_named(job_name)
         if job is None:
             raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
         loaded = job._ensure_ready().loaded
-        inner = loaded.inner if isinstance(loaded, DistributedStep) else loaded
-        slot = inner.slots[0]
-        inner.feed(slot, arrays, scalars)
-        return inner.compute(slot)
+        return loaded.inner if isinstance(loaded, DistributedStep) else loaded
+
+
+def _compare(expected: tuple[list[str], list[str]], graph, rank: int) -> str | None:
+    """None when `graph` has the master's signature, else what differs, naming the first op."""
+    theirs, their_locations = expected
+    mine, my_locations = signature(graph), locations(graph)
+    at = first_difference(theirs, mine)
+    if at is None:
+        return None
+
+    def show(lines: list[str], where: list[str]) -> str:
+        return f"{lines[at]} @ {where[at]}" if at < len(where) else (lines[at] if at < len(lines) else "nothing")
+    return (f"job {graph.name!r} differs between rank 0 and rank {rank} at op {at}: rank 0 has "
+            f"{show(theirs, their_locations)}, rank {rank} has {show(mine, my_locations)} (every rank must run the "
+            "same script)")
 
 
 class DistributedStep(LoadedStep):
@@ -133,6 +184,7 @@ class DistributedStep(LoadedStep):
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
         self.layouts = traced.distribution.outputs
         self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
+        self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
     def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
         shards, kept = self._pending.get(id(slot), ([], {}))
@@ -149,11 +201,22 @@ class DistributedStep(LoadedStep):
 
     def compute(self, slot: Any) -> list[np.ndarray]:
         cluster = self.cluster
+        cluster.job = f"job {self.job_name!r}"
         if not cluster.variables_sent:
             cluster.send_variables(self.session)
         shards, scalars = self._pending.pop(id(slot), ([], {}))
+        first = not self._agreed
+        expected = (signature(self.graph), locations(self.graph)) if first else None
         for rank in range(1, cluster.ranks):
-            cluster.control.send(("step", self.job_name, shards[rank] if shards else [], scalars), dest=rank)
+            cluster.control.send(("step", self.job_name, shards[rank] if shards else [], scalars, expected), dest=rank)
+        if first:       # no rank may start the step's collectives before all agree on its graph
+            answers = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
+            mismatches = [text for status, text in answers if status == "mismatch"]
+            failed = [f"rank {rank}: {text}" for rank, (status, text) in enumerate(answers, start=1)
+                      if status == "error"]
+            if mismatches or failed:
+                raise DistributedError("; ".join(mismatches + failed))
+            self._agreed = True
         try:
             local = self.inner.compute(slot)
         finally:
@@ -208,3 +271,21 @@ def join(session: Session) -> Cluster | None:
     if world.is_master:
         atexit.register(cluster.shutdown, session)
     return cluster
+
+
+def _alive(pid: int) -> bool:
+    """Is process `pid` running (not gone, not a zombie waiting to be reaped)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):       # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

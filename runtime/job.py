@@ -355,7 +355,7 @@ class JobFunction:
 
     def _call_bound(self, arrays: list[np.ndarray]) -> Any:
         session = default_session()
-        if not session.joined:
+        if session.cluster is not None or not session.joined:
             from flowc.runtime.distributed import join
             cluster = join(session)
             if cluster is not None and not cluster.world.is_master:

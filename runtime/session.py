@@ -127,6 +127,8 @@ class Session:
         for slot in self.variables.values():
             if force or slot.value is None:
                 self._initialize(slot)
+        if force and self.cluster is not None:     # a distributed session: the workers get them before the next step
+            self.cluster.variables_sent = False
 
     def _initialize(self, slot: VariableSlot) -> None:
         from flowc.runtime.initializers import seed_for

@@ -6,12 +6,12 @@
 // backward pass computes), and waits for the bucket before the first kernel that reads a reduced
 // gradient.  The step does not know which engine does the work: the runtime hands it this table,
 // filled by the MPI library (flowc_comm_mpi.c, runtime/collectives.py); a GPU step gets the same
-// calls from NCCL.  Each call returns 0 or a flowc error code (FLOWC_COMM_*).
+// calls from NCCL.  Each call returns 0 or a flowc error code (FLOWC_COMM_ERROR_*).
 #pragma once
 #include <stdint.h>
 
-#define FLOWC_COMM_FAILED 900001      // the engine reported an error
-#define FLOWC_COMM_TIMEOUT 900002     // a peer did not take part within the timeout (lost?)
+#define FLOWC_COMM_ERROR_FAILED 900001      // the engine reported an error
+#define FLOWC_COMM_ERROR_TIMEOUT 900002     // a peer did not take part within the timeout (lost?)
 
 extern "C" {
 struct flowc_comm {
@@ -21,7 +21,7 @@ struct flowc_comm {
   int (*start)(void* ctx, int bucket, int count, const float* const* grads, const int64_t* sizes);
   // Let the engine move the buckets in flight along; never blocks.
   int (*progress)(void* ctx);
-  // Wait until bucket `bucket` holds the sums (a timeout is FLOWC_COMM_TIMEOUT).
+  // Wait until bucket `bucket` holds the sums (a timeout is FLOWC_COMM_ERROR_TIMEOUT).
   int (*wait)(void* ctx, int bucket);
   // The sums of bucket `bucket`, the gradients one after the other, after its wait.
   const float* (*data)(void* ctx, int bucket);

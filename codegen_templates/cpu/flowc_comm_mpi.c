@@ -7,7 +7,7 @@
  * every step of a session starts its buckets in the same order on every rank, as MPI requires.
  *
  * A wait never blocks forever: it polls its request until `timeout_seconds` have passed and then
- * reports FLOWC_COMM_TIMEOUT, which the runtime turns into an error naming the ranks that did not
+ * reports FLOWC_COMM_ERROR_TIMEOUT, which the runtime turns into an error naming the ranks that did not
  * answer; a rank that died mid-step would otherwise hang every other rank inside MPI_Wait.
  */
 #include <mpi.h>
@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FLOWC_COMM_FAILED 900001
-#define FLOWC_COMM_TIMEOUT 900002
+#define FLOWC_COMM_ERROR_FAILED 900001
+#define FLOWC_COMM_ERROR_TIMEOUT 900002
 
 typedef struct {
   float* data;
@@ -43,13 +43,13 @@ struct flowc_comm {
 
 static int comm_start(void* opaque, int b, int count, const float* const* grads, const int64_t* sizes) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
-  if (b < 0 || b >= c->buckets) return FLOWC_COMM_FAILED;
+  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
   bucket_t* k = &c->bucket[b];
   int64_t total = 0;
   for (int i = 0; i < count; ++i) total += sizes[i];
   if (total > k->capacity) {
     float* grown = (float*)realloc(k->data, (size_t)total * sizeof(float));
-    if (!grown) return FLOWC_COMM_FAILED;
+    if (!grown) return FLOWC_COMM_ERROR_FAILED;
     k->data = grown;
     k->capacity = total;
   }
@@ -58,10 +58,10 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
     memcpy(k->data + at, grads[i], (size_t)sizes[i] * sizeof(float));
     at += sizes[i];
   }
-  if (total > 0x7fffffff) return FLOWC_COMM_FAILED;   /* MPI counts are int */
+  if (total > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
   k->length = total;
   return MPI_Iallreduce(MPI_IN_PLACE, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request)
-         == MPI_SUCCESS ? 0 : FLOWC_COMM_FAILED;
+         == MPI_SUCCESS ? 0 : FLOWC_COMM_ERROR_FAILED;
 }
 
 static int comm_progress(void* opaque) {
@@ -69,22 +69,22 @@ static int comm_progress(void* opaque) {
   for (int b = 0; b < c->buckets; ++b) {
     if (c->bucket[b].request == MPI_REQUEST_NULL) continue;
     int done = 0;
-    if (MPI_Test(&c->bucket[b].request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_FAILED;
+    if (MPI_Test(&c->bucket[b].request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
   }
   return 0;
 }
 
 static int comm_wait(void* opaque, int b) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
-  if (b < 0 || b >= c->buckets) return FLOWC_COMM_FAILED;
+  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
   bucket_t* k = &c->bucket[b];
   const double begin = MPI_Wtime();
   int done = 0;
   while (!done) {
-    if (MPI_Test(&k->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_FAILED;
+    if (MPI_Test(&k->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
     if (!done && c->timeout_seconds > 0 && MPI_Wtime() - begin > c->timeout_seconds) {
       c->waited_seconds += MPI_Wtime() - begin;
-      return FLOWC_COMM_TIMEOUT;
+      return FLOWC_COMM_ERROR_TIMEOUT;
     }
   }
   c->waited_seconds += MPI_Wtime() - begin;

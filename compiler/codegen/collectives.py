@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
-from flowc.compiler.passes.fusion import view_roots
 from flowc.compiler.program import Kernel
 
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
@@ -45,7 +44,10 @@ class Bucket:
 def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
     """The buckets of `graph`'s all_reduce nodes under the schedule `kernels` (empty: none)."""
     position = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
-    roots = view_roots(graph)
+    roots: dict[int, int] = {}        # a view (reshape) -> the node whose buffer it shares
+    for n in graph.nodes:
+        if OPS[n.op].kind == "view":
+            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
     members: dict[int, list[int]] = {}
     for n in graph.nodes:
         if OPS[n.op].kind == "collective":

@@ -34,8 +34,9 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 # Op kinds that never become a kernel of their own: sources are buffers the runtime binds,
 # views share their input's buffer.
 BUFFER_KINDS: Final = ("source", "view")
-# Op kinds lowered by one method per kernel kind, from the rule's C expression.
-GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul")
+# Op kinds lowered by one method per kernel kind: from the rule's C expression, or (collective) as calls
+# into the communication engine.
+GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul", "collective")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def _infer(inputs: list, attrs: dict) -> TensorType:
     return TensorType(x.shape, x.dtype)
 
 
-def _reference(x, ranks, scale):
+def _reference(x, ranks, scale, bucket):
     raise NotImplementedError("all_reduce sums a value over the ranks of a distributed job; the NumPy reference "
                               "executor runs one process: compare with the job's single-process run instead")
 
