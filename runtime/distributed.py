@@ -32,12 +32,15 @@ import numpy as np
 
 from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
+from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.world import World, detect_world
 
 # How often a rank looks whether the other ranks on its host are still alive.
 WATCH_SECONDS = 0.2
+# The tag of raw array messages (inputs' shares, results) after their pickled header.
+DATA_TAG = 7
 
 if TYPE_CHECKING:
     from flowc.compiler.build import TracedJob
@@ -84,9 +87,8 @@ class Cluster:
     def ranks(self) -> int:
         return self.world.size
 
-    def engine(self, graph) -> CommEngine:
-        """A new engine for a loaded step of `graph` (one bucket per distinct `bucket` attribute)."""
-        buckets = 1 + max((n.attr("bucket") for n in graph.nodes if n.op == "all_reduce"), default=-1)
+    def engine(self, buckets: int) -> CommEngine:
+        """A new engine for a loaded step with `buckets` buckets."""
         engine = CommEngine(self.collective, max(buckets, 1))
         self.engines.append(engine)
         return engine
@@ -131,20 +133,30 @@ class Cluster:
                     if name in session.variables:
                         np.copyto(session.value(name), value)
                 continue
-            _, job_name, arrays, scalars, expected = message
+            _, job_name, scalars, expected = message
             self.job = f"job {job_name!r}"
             try:
                 loaded = self._loaded(session, job_name)
-                if expected is not None:     # the job's first step: do both ranks run the same graph?
-                    mismatch = _compare(expected, loaded.graph, self.world.rank)
-                    self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
-                    if mismatch:
-                        continue
-                loaded.feed(loaded.slots[0], arrays, scalars)
-                reply: tuple = ("ok", loaded.compute(loaded.slots[0]))
             except Exception as err:        # the master raises it, naming this rank
-                reply = ("error", f"{type(err).__name__}: {err}")
-            self.control.send(reply, dest=0)
+                self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
+                continue
+            if expected is not None:     # the job's first step: do both ranks run the same graph?
+                mismatch = _compare(expected, loaded.graph, self.world.rank)
+                self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
+                if mismatch:
+                    continue
+            inputs = _buffers(loaded.graph, loaded.graph.placeholders)
+            for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
+                self.control.Recv(buffer, source=0, tag=DATA_TAG)
+            try:
+                loaded.feed(loaded.slots[0], inputs, scalars)
+                outputs = loaded.compute(loaded.slots[0])
+            except Exception as err:
+                self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
+                continue
+            self.control.send(("ok", None), dest=0)
+            for value in outputs:
+                self.control.Send(np.ascontiguousarray(value), dest=0, tag=DATA_TAG)
         for engine in self.engines:
             engine.close()
         sys.stdout.flush()
@@ -186,12 +198,20 @@ class DistributedStep(LoadedStep):
         self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
         self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
-    def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None) -> None:
+    def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None,
+             borrowed: bool = False) -> None:
+        """Keep the workers' shares of `arrays` (copies, in the inputs' dtypes, unless `borrowed`: a
+        synchronous call, whose caller cannot touch its arrays before the step is done) and feed this
+        rank's share to its own step."""
         shards, kept = self._pending.get(id(slot), ([], {}))
         if arrays:
             ranks = self.cluster.ranks
-            split = [np.split(np.asarray(a), ranks, axis=0) for a in arrays]
-            shards = [[np.array(parts[r]) for parts in split] for r in range(ranks)]   # copies: callers reuse theirs
+            graph = self.graph
+            typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
+                     for a, p in zip(arrays, graph.placeholders)]
+            split = [np.split(a, ranks, axis=0) for a in typed]
+            shards = [[part if borrowed and part.flags.c_contiguous else np.array(part) for part in
+                       (parts[r] for parts in split)] for r in range(ranks)]
             self.inner.feed(slot, shards[0], scalars)
         elif scalars:
             self.inner.feed(slot, (), scalars)
@@ -208,7 +228,7 @@ class DistributedStep(LoadedStep):
         first = not self._agreed
         expected = (signature(self.graph), locations(self.graph)) if first else None
         for rank in range(1, cluster.ranks):
-            cluster.control.send(("step", self.job_name, shards[rank] if shards else [], scalars, expected), dest=rank)
+            cluster.control.send(("step", self.job_name, scalars, expected), dest=rank)
         if first:       # no rank may start the step's collectives before all agree on its graph
             answers = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
             mismatches = [text for status, text in answers if status == "mismatch"]
@@ -217,14 +237,25 @@ class DistributedStep(LoadedStep):
             if mismatches or failed:
                 raise DistributedError("; ".join(mismatches + failed))
             self._agreed = True
+        for rank in range(1, cluster.ranks):
+            for share in shards[rank]:
+                cluster.control.Send(share, dest=rank, tag=DATA_TAG)
         try:
             local = self.inner.compute(slot)
         finally:
-            replies = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
-        failed = [(rank, text) for rank, (status, text) in enumerate(replies, start=1) if status == "error"]
+            per_rank, failed = [], []
+            for rank in range(1, cluster.ranks):
+                status, text = cluster.control.recv(source=rank)
+                if status == "error":
+                    failed.append(f"rank {rank}: {text}")
+                    continue
+                outputs = _buffers(self.graph, self.graph.outputs)
+                for buffer in outputs:
+                    cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
+                per_rank.append(outputs)
         if failed:
-            raise DistributedError("; ".join(f"rank {rank}: {text}" for rank, text in failed))
-        return self._combine([local] + [outputs for _, outputs in replies])
+            raise DistributedError("; ".join(failed))
+        return self._combine([local] + per_rank)
 
     def _combine(self, per_rank: list[list[np.ndarray]]) -> list[np.ndarray]:
         results = []
@@ -243,7 +274,7 @@ class DistributedStep(LoadedStep):
 
     def compute_borrowed(self, slot: Any, arrays: Sequence[np.ndarray],
                          scalars: dict[str, float] | None = None) -> list[np.ndarray]:
-        self.feed(slot, arrays, scalars)
+        self.feed(slot, arrays, scalars, borrowed=True)
         return self.compute(slot)
 
     def profile(self) -> list[tuple[str, float]]:
@@ -289,3 +320,8 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+def _buffers(graph, node_ids) -> list[np.ndarray]:
+    """Empty arrays of the types of `node_ids` in `graph` (one rank's inputs or results)."""
+    return [np.empty(graph.node(i).type.shape, dtype=numpy_dtype(graph.node(i).type.dtype)) for i in node_ids]

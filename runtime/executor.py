@@ -84,7 +84,7 @@ class CpuLoadedStep(LoadedStep):
             return value
         if kind == "comm":        # a data-parallel step: the MPI engine's table (runtime/collectives.py)
             if self._engine is None:
-                self._engine = self.session.cluster.engine(self.graph)
+                self._engine = self.session.cluster.engine(self.compiled.generated.comm_buckets)
             return self._engine.table
         return slot.scalars[binding[1]]
 

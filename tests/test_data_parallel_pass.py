@@ -54,7 +54,7 @@ def test_a_train_job_on_two_ranks_sums_each_gradient_once_and_holds_half_the_bat
     sums = all_reduces(traced)
     # one per trainable variable (weights and biases of both layers), each read by its update only
     assert sorted(n.type.shape for n in sums) == sorted([(16, 16), (16,), (10, 16), (10,)])
-    assert all(n.attr("ranks") == 2 and n.attr("scale") == 1.0 for n in sums)
+    assert all(n.attr("ranks") == 2 and n.attr("scale") == 1.0 and n.attr("bucket_bytes") == 16 << 20 for n in sums)
     users = traced.consumers()
     assert all({traced.node(c).role for c in users[n.id]} == {"update"} for n in sums)
     assert job._traced.distribution.outputs == ["split"]          # the per-example loss
@@ -124,7 +124,7 @@ def test_buckets_close_at_the_threshold_and_start_after_their_last_gradient():
 def test_gradients_share_a_bucket_under_the_threshold():
     on_ranks(2)
     graph = train_job_of().graph
-    assert {n.attr("bucket") for n in all_reduces(graph)} == {0}
+    assert {n.attr("bucket_bytes") for n in all_reduces(graph)} == {16 << 20}
     lowered = train_job_of().lower()
     assert len(plan_buckets(lowered.program.graph, lowered.program.require_kernels())) == 1
 

@@ -1,9 +1,8 @@
 """Where a data-parallel step starts and awaits each bucket of its gradient all-reduces.
 
-The data-parallel pass (compiler/passes/data_parallel.py) gives every `all_reduce` node a
-`bucket`: gradients in the order the backward pass produces them, cut into buckets of at most
-`flow.config.collective_boxing.nccl_fusion_threshold_mb`.  Given the kernel schedule, a bucket
-starts right after the kernel that writes the last of its gradients, the step pokes the engine
+The data-parallel pass (compiler/passes/data_parallel.py) gives every `all_reduce` node the most
+a bucket may hold (`flow.config.collective_boxing.nccl_fusion_threshold_mb`).  Given the kernel
+schedule, the sums go into buckets in the order their values are written, and a bucket starts right after the kernel that writes the last of its gradients, the step pokes the engine
 after each later kernel while buckets are in flight (a non-blocking collective moves only when
 the engine is called), and the bucket is awaited at its first all_reduce kernel, after the rest of
 the backward pass; each all_reduce kernel then copies its reduced gradient out.  Both backends
@@ -42,31 +41,41 @@ class Bucket:
 
 
 def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
-    """The buckets of `graph`'s all_reduce nodes under the schedule `kernels` (empty: none)."""
+    """The buckets of `graph`'s all_reduce nodes under the schedule `kernels` (empty: none).
+
+    Sums go into buckets in the order their values are written; a bucket closes before a value that
+    would take it past its `bucket_bytes`, that is written after some member must already be awaited
+    (a sum the forward pass reads, or an update the schedule runs early), or that must be awaited
+    before the bucket's last value is written."""
     position = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
     roots: dict[int, int] = {}        # a view (reshape) -> the node whose buffer it shares
     for n in graph.nodes:
         if OPS[n.op].kind == "view":
             roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
-    members: dict[int, list[int]] = {}
-    for n in graph.nodes:
-        if OPS[n.op].kind == "collective":
-            members.setdefault(n.attr("bucket"), []).append(n.id)
-    plan = []
-    for index, (bucket, ids) in enumerate(sorted(members.items())):
-        if bucket != index:
-            raise AssertionError(f"all_reduce buckets are numbered 0..{len(members) - 1}, found {bucket}")
 
-        def written_at(node_id: int) -> int:
-            source = graph.node(node_id).inputs[0]
-            return position.get(roots.get(source, source), -1)
-        start_after = max(written_at(m) for m in ids)
-        wait_at = min(position[m] for m in ids)
-        if wait_at <= start_after:
-            raise AssertionError(f"bucket {index} would be awaited (kernel {wait_at}) before it starts "
-                                 f"(after kernel {start_after})")
-        sizes = tuple(graph.node(m).type.size for m in ids)
-        plan.append(Bucket(index, tuple(ids), sizes, start_after, wait_at))
+    def written_at(node_id: int) -> int:
+        source = graph.node(node_id).inputs[0]
+        return position.get(roots.get(source, source), -1)
+    sums = sorted((n.id for n in graph.nodes if OPS[n.op].kind == "collective"),
+                  key=lambda m: (written_at(m), position[m]))
+    groups: list[list[int]] = []
+    for m in sums:
+        current = groups[-1] if groups else None
+        if current is None or \
+                4 * (sum(graph.node(c).type.size for c in current) + graph.node(m).type.size) > \
+                graph.node(m).attr("bucket_bytes") or \
+                written_at(m) >= min(position[c] for c in current) or \
+                position[m] <= max(written_at(c) for c in current):
+            groups.append([m])
+        else:
+            current.append(m)
+    plan = []
+    for index, members in enumerate(groups):
+        start_after = max(written_at(m) for m in members)
+        wait_at = min(position[m] for m in members)
+        assert wait_at > start_after, (index, members)
+        plan.append(Bucket(index, tuple(members), tuple(graph.node(m).type.size for m in members),
+                           start_after, wait_at))
     return plan
 
 

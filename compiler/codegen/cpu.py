@@ -59,6 +59,8 @@ class GeneratedStep:
     numerics_nodes: dict[int, int] = field(default_factory=dict)
     # The C++ functions behind the kernels (compiler/codegen/dedup.py: equal kernels share one).
     kernel_functions: int = 0
+    # A data-parallel step's all-reduce buckets (compiler/codegen/collectives.py); 0 without collectives.
+    comm_buckets: int = 0
 
 
 class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
@@ -157,7 +159,7 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
                      for g in groups]
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes), list(self.label_checks),
                              [k.name for k in self.kernels] if self.profile else [], parts,
-                             dict(self.numerics_nodes), len(kernels))
+                             dict(self.numerics_nodes), len(kernels), len(comm.plan))
 
     def _kernel_collective(self, k: Kernel, params: Params):
         raise AssertionError(f"{k.name}: a collective is a call into the engine (CommCalls), not a kernel function")

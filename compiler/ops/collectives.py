@@ -4,7 +4,8 @@ compiler/passes/data_parallel.py puts one after each trainable variable's gradie
 on several ranks; `scale` is 1/ranks where the logical loss is a mean over the global batch (each
 rank's gradient is then the mean over its shard) and 1 where it is a sum.  The generated step
 starts the sums in buckets as soon as their gradients exist and waits for them before the
-updates (compiler/codegen/collectives.py); the MPI or NCCL engine does the work.
+updates (compiler/codegen/collectives.py), at most `bucket_bytes` per bucket; the MPI or NCCL
+engine does the work.
 
 The NumPy reference executor runs one process and has no other ranks to sum with: it refuses the
 op (tests compare a distributed run with the single-process run of the same global batch).
@@ -25,7 +26,7 @@ def _infer(inputs: list, attrs: dict) -> TensorType:
     return TensorType(x.shape, x.dtype)
 
 
-def _reference(x, ranks, scale, bucket):
+def _reference(x, ranks, scale, bucket_bytes):
     raise NotImplementedError("all_reduce sums a value over the ranks of a distributed job; the NumPy reference "
                               "executor runs one process: compare with the job's single-process run instead")
 

@@ -12,8 +12,9 @@ each value lies across the ranks, as OneFlow's SBP signatures do:
 Wherever an op cannot take a partial value as it is (anything not linear in it: the optimizer
 update, a sqrt of a mean), an `all_reduce` is inserted before it: that is the gradient all-reduce
 of data parallelism, and, inside the forward pass, what makes a statistic over the batch global.
-Every all_reduce gets a bucket (gradients in the order the backward pass writes them, cut at
-`bucket_bytes`).  Then the graph is rebuilt for one rank: each split value's axis 0 becomes its
+Every all_reduce carries `bucket_bytes`, the most its bucket may hold: the code generator groups
+the sums into buckets once the kernels are scheduled (compiler/codegen/collectives.py).  Then
+the graph is rebuilt for one rank: each split value's axis 0 becomes its
 share (shape attributes of placeholders, reshapes, fills), and the types are inferred again.
 Constants in the graph keep their global meaning: a mean over the batch divides by the global
 batch, so the partial sums of the ranks add up to the logical value exactly (OneFlow divides the
@@ -48,7 +49,7 @@ LINEAR_IN_ALL = {"add", "subtract", "negative", "snapshot", "reshape", "device_c
                  "broadcast_to", "transpose"}
 LINEAR_IN_FIRST = {"multiply", "divide", "cast"}      # multiply: either operand, the other broadcast
 # Ops whose result sums over the batch rows of their split operands: the result is partial.
-BATCH_CONTRACTIONS = {"conv2d_grad_filter", "gather_grad", "layer_norm_gamma_grad", "batch_norm_grad_sums"}
+BATCH_CONTRACTIONS = {"conv2d_grad_filter", "layer_norm_gamma_grad", "batch_norm_grad_sums"}
 # Ops that need the whole batch, and what it would take.
 NOT_SPLITTABLE = {
     "reduce_max": "a maximum over the batch axis", "reduce_min": "a minimum over the batch axis",
@@ -57,8 +58,10 @@ NOT_SPLITTABLE = {
     "unique_indices": "a sparse (indexed-slices) update", "indexed_slices_reduce_sum": "a sparse update",
     "gather_rows": "a sparse update", "scatter_rows": "a sparse update",
 }
-# Ops whose `shape` attribute is the shape of their result (axis 0 shrinks with a split result).
-SHAPE_ATTR_OPS = {"input", "reshape", "constant", "broadcast_to", "dropout_mask", "random_uniform"}
+# Attributes that hold the shape of a split result (their axis 0 shrinks to one rank's share).
+SHAPE_ATTRS = {**{op: ("shape",) for op in ("input", "reshape", "constant", "broadcast_to", "dropout_mask",
+                                           "random_uniform", "strided_slice", "slice_update")},
+               "gather_grad": ("params_shape",)}
 FILL_OPS = {"constant", "broadcast_to", "dropout_mask", "random_uniform"}   # each rank can make its share
 WINDOW_AXIS_OPS = {"concat", "slice_axis"}            # an `axis` attribute: split unless it is 0
 STRIDED_OPS = {"strided_slice", "slice_update"}        # start/step/shape per axis
@@ -69,7 +72,6 @@ class Distribution:
     """What the pass decided: each original node's layout, and each output's (for the runtime)."""
     layouts: dict[int, str]
     outputs: list[str]
-    buckets: int
 
     def format(self, graph: Graph) -> str:
         return "\n".join(f"%{n.id} {n.op}: {self.layouts[n.id]}" for n in graph.nodes)
@@ -86,6 +88,7 @@ class _Layouts:
     def __init__(self, graph: Graph, ranks: int) -> None:
         self.graph, self.ranks = graph, ranks
         self.layout: dict[int, str] = {}
+        self.position = {n.id: k for k, n in enumerate(graph.nodes)}
         self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
 
     def of(self, i: int) -> str:
@@ -143,7 +146,22 @@ class _Layouts:
             if OPS[n.op].kind == "pointwise" and len(shape) != len(n.type.shape):
                 continue        # right-aligned: its axis 0 is not the batch axis
             if self._fill(i):
-                self._relabel(i)
+                changed: set[int] = set()
+                self._relabel(i, changed)
+                self._refresh(changed, n)
+
+    def _refresh(self, changed: set[int], upto: Node) -> None:
+        """Decide again the nodes before `upto` that read a relabelled value (they were decided with
+        it whole)."""
+        start = min(self.position[i] for i in changed)
+        for m in self.graph.nodes[start + 1:self.position[upto.id]]:
+            if m.id in changed or not any(i in changed for i in m.inputs):
+                continue
+            before = self.layout[m.id]
+            after = self._decide(m)
+            if after != before:
+                self.layout[m.id] = after
+                changed.add(m.id)
 
     def _fill(self, i: int) -> bool:
         """Is `i` computed from constants and runtime scalars only, with its batch axis made by a
@@ -159,17 +177,18 @@ class _Layouts:
         shape = self.graph.node(i).type.shape
         return len(shape) < len(out) or not shape or shape[0] == 1
 
-    def _relabel(self, i: int) -> None:
+    def _relabel(self, i: int, changed: set[int]) -> None:
         node = self.graph.node(i)
         if self.layout[i] == SPLIT:
             return
         if node.type.shape[0] % self.ranks:
             raise _error(node, f"its batch axis {node.type.shape[0]} does not divide over {self.ranks} ranks")
         self.layout[i] = SPLIT
+        changed.add(i)
         if node.op not in FILL_OPS:
             for x in node.inputs:
                 if not self._not_batch_shaped(x, node.type.shape):
-                    self._relabel(x)
+                    self._relabel(x, changed)
 
     def _partial(self, n: Node) -> str | None:
         """The layout of `n` when a partial operand passes through it, else None."""
@@ -206,8 +225,8 @@ class _Layouts:
             x = g.node(n.inputs[0]).type.shape
             if tuple(n.attr("start"))[0] != 0 or tuple(n.attr("step"))[0] != 1 or tuple(n.attr("shape"))[0] != x[0]:
                 raise _error(n, "it slices the batch axis")
-        if n.op == "gather" and self._effective(n, n.inputs[0]) == SPLIT:
-            raise _error(n, "it gathers from a value split over the batch")
+        if n.op in ("gather", "gather_grad"):
+            return self._gather(n)
         if not out or out[0] % self.ranks:
             raise _error(n, f"its result {list(out)} has no batch axis that divides over {self.ranks} ranks")
         if n.op == "reshape":
@@ -223,6 +242,21 @@ class _Layouts:
                     raise _error(n, f"it combines a whole value of shape {list(shape)} with one split over the "
                                     "batch row by row")
         return SPLIT
+
+    def _gather(self, n: Node) -> str:
+        """A gather per example (batch_dims >= 1: BERT's masked positions) stays split, and so does its
+        gradient; a lookup in a whole table (an embedding) is split like its indices, and its gradient
+        sums the batch's rows into the table: partial."""
+        per_example = n.attr("batch_dims") >= 1
+        if n.op == "gather_grad":
+            return SPLIT if per_example else PARTIAL
+        params, indices = (self._effective(n, i) for i in n.inputs)
+        if per_example and params == indices == SPLIT:
+            return SPLIT
+        if not per_example and params == BROADCAST and indices == SPLIT:
+            return SPLIT
+        raise _error(n, f"it gathers from a {params} value with {indices} indices (batch_dims="
+                        f"{n.attr('batch_dims')})")
 
     def _matmul(self, n: Node) -> str:
         a, b = (self._effective(n, i) for i in n.inputs)
@@ -248,15 +282,14 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Dist
         if layout[value] == SPLIT:
             raise _error(graph.node(value), f"variable {var!r} would be assigned a value split over the batch")
     partial_roots = {value for value in graph.assigns.values() if layout[value] == PARTIAL}
-    grads = _bucket_order(graph, rules.reduced, partial_roots)
-    bucket_of = _buckets(graph, grads, bucket_bytes)
     builder = GraphBuilder()
     new_id: dict[int, int] = {}
     reduced: dict[int, int] = {}          # original operand -> its all_reduce (one per value)
 
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
-            reduced[i] = builder.add("all_reduce", [new_id[i]], {"ranks": ranks, "scale": 1.0, "bucket": bucket_of[i]},
+            attrs = {"ranks": ranks, "scale": 1.0, "bucket_bytes": bucket_bytes}
+            reduced[i] = builder.add("all_reduce", [new_id[i]], attrs,
                                      loc=graph.node(i).loc, role=where.role,
                                      device=graph.node(i).type.device)
         return reduced[i]
@@ -275,35 +308,15 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Dist
                   dict(graph.scalars), [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
-    return local, Distribution(layout, outputs, len(set(bucket_of.values())))
+    return local, Distribution(layout, outputs)
 
 
 def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
     attrs = n.attr_dict
     if layout != SPLIT:
         return attrs
-    if n.op in SHAPE_ATTR_OPS or n.op in STRIDED_OPS:
-        shape = list(attrs["shape"])
+    for key in SHAPE_ATTRS.get(n.op, ()):
+        shape = list(attrs[key])
         shape[0] //= ranks
-        attrs["shape"] = tuple(shape)
+        attrs[key] = tuple(shape)
     return attrs
-
-
-def _bucket_order(graph: Graph, reduced: set[tuple[int, int]], roots: set[int]) -> list[int]:
-    """The values summed over ranks, in the order the step writes them (graph order)."""
-    values = {i for _, i in reduced} | roots
-    return [n.id for n in graph.nodes if n.id in values]
-
-
-def _buckets(graph: Graph, values: list[int], bucket_bytes: int) -> dict[int, int]:
-    """value -> bucket, in the order the step writes them (the backward pass writes the last layer's
-    gradients first); a bucket closes at `bucket_bytes` (0: one value per bucket)."""
-    bucket_of: dict[int, int] = {}
-    bucket, filled = 0, 0
-    for v in values:
-        size = graph.node(v).type.nbytes
-        if filled and filled + size > bucket_bytes:
-            bucket, filled = bucket + 1, 0
-        bucket_of[v] = bucket
-        filled += size
-    return bucket_of
