@@ -35,6 +35,7 @@ from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
+from flowc.runtime.signature import PerRank
 from flowc.runtime.world import World, detect_world
 
 # How often a rank looks whether the other ranks on its host are still alive.
@@ -195,6 +196,7 @@ class DistributedStep(LoadedStep):
         self.inner, self.cluster, self.job_name = inner, cluster, job_name
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
         self.layouts = traced.distribution.outputs
+        self.mirrored = traced.distribution.mirrored
         self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
         self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
@@ -257,11 +259,13 @@ class DistributedStep(LoadedStep):
             raise DistributedError("; ".join(failed))
         return self._combine([local] + per_rank)
 
-    def _combine(self, per_rank: list[list[np.ndarray]]) -> list[np.ndarray]:
-        results = []
+    def _combine(self, per_rank: list[list[np.ndarray]]) -> list[Any]:
+        results: list[Any] = []
         for i, layout in enumerate(self.layouts):
             values = [outputs[i] for outputs in per_rank]
-            if layout == "split":
+            if self.mirrored:            # each rank's own result (a tp.ListNumpy gives the list)
+                results.append(PerRank(values))
+            elif layout == "split":
                 results.append(np.concatenate(values, axis=0))
             elif layout == "partial_sum":
                 total = values[0].copy()

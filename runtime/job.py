@@ -337,7 +337,7 @@ class JobFunction:
         if arrays is None:
             arrays = self._bind(args, kwargs)
             shapes = tuple(a.shape for a in arrays)
-            if shapes != self._declared_shapes:
+            if shapes != self._declared_shapes and self._ranks_of_mirrored_inputs() == 1:
                 return self._variant(shapes)._call_bound(arrays)
         return self._call_bound(arrays)
 
@@ -465,7 +465,23 @@ class JobFunction:
             unpack(layout, bound[name], repr(name))
         return [self._check_argument(p, value) for p, value in zip(declared, flat)]
 
+    def _ranks_of_mirrored_inputs(self) -> int:
+        """How many devices a mirrored input has an array for: the ranks of a distributed session, else 1."""
+        if not any(p.kind == "list" for p in self.placeholders):
+            return 1
+        from flowc.runtime.distributed import join
+        cluster = join(default_session())
+        return cluster.ranks if cluster is not None else 1
+
     def _check_argument(self, p: PlaceholderSpec, value: Any) -> np.ndarray:
+        ranks = self._ranks_of_mirrored_inputs() if p.kind == "list" else 1
+        if ranks > 1:             # one array per rank: each checked, then one after the other (the ranks' shares)
+            if not isinstance(value, (list, tuple)) or len(value) != ranks:
+                raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a ListNumpy placeholder of a job on "
+                                   f"{ranks} ranks: pass a list of {ranks} numpy.ndarrays (one per device), got "
+                                   f"{_describe_value(value)}")
+            shares = [self._check_argument(dataclasses.replace(p, kind="numpy"), a) for a in value]   # exact shapes
+            return np.concatenate(shares, axis=0)
         if p.kind == "list":      # one array per device, and flowc has one device
             value = self._one_device(p, value, "a list with one numpy.ndarray")
         elif p.kind == "list_list":

@@ -158,17 +158,26 @@ def test_an_op_that_needs_the_whole_batch_is_refused_with_its_line():
         _ = peak.graph
 
 
-def test_a_mirrored_view_job_on_several_ranks_is_refused_for_now():
+def test_a_mirrored_job_keeps_each_ranks_batch_and_averages_the_gradients():
     on_ranks(2)
     config = flow.function_config()
     config.default_logical_view(flow.scope.mirrored_view())
 
-    @flow.global_function(type="predict", function_config=config)
-    def mirrored(x: tp.ListNumpy.Placeholder((B, 3), dtype=flow.float)) -> tp.ListNumpy:
-        return flow.math.relu(x)
+    @flow.global_function(type="train", function_config=config)
+    def mirrored(x: tp.ListNumpy.Placeholder((B, 3), dtype=flow.float),
+                 y: tp.ListNumpy.Placeholder((B,), dtype=flow.int32)) -> tp.ListNumpy:
+        logits = flow.layers.dense(x, 4, name="dense")
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+        peak = flow.math.reduce_max(flow.math.reduce_mean(logits, axis=0))   # per device: no sum, no refusal
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss + peak)
+        return loss
 
-    with pytest.raises(flow.UnsupportedError, match="mirrored-view job on 2 ranks"):
-        _ = mirrored.graph
+    graph = mirrored.graph
+    assert [graph.node(p).type.shape for p in graph.placeholders] == [(B, 3), (B,)]   # each device's own batch
+    sums = all_reduces(graph)
+    assert len(sums) == 2 and all(n.attr("scale") == 0.5 for n in sums)            # weight and bias: the mean
+    assert all(n.role == "update" for n in sums)
+    assert mirrored._traced.distribution.mirrored
 
 
 def test_a_gpu_step_refuses_collectives_by_name():

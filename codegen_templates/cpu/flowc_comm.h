@@ -6,7 +6,7 @@
 // backward pass computes), and waits for the bucket before the first kernel that reads a reduced
 // gradient.  The step does not know which engine does the work: the runtime hands it this table,
 // filled by the MPI library (flowc_comm_mpi.c, runtime/collectives.py); a GPU step gets the same
-// calls from NCCL.  Each call returns 0 or a flowc error code (FLOWC_COMM_ERROR_*).
+// calls from NCCL.  Each call returns 0 or a flowc error code (FLOWC_COMM_ERROR_FAILED, FLOWC_COMM_ERROR_TIMEOUT).
 #pragma once
 #include <stdint.h>
 

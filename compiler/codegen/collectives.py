@@ -2,11 +2,12 @@
 
 The data-parallel pass (compiler/passes/data_parallel.py) gives every `all_reduce` node the most
 a bucket may hold (`flow.config.collective_boxing.nccl_fusion_threshold_mb`).  Given the kernel
-schedule, the sums go into buckets in the order their values are written, and a bucket starts right after the kernel that writes the last of its gradients, the step pokes the engine
-after each later kernel while buckets are in flight (a non-blocking collective moves only when
-the engine is called), and the bucket is awaited at its first all_reduce kernel, after the rest of
-the backward pass; each all_reduce kernel then copies its reduced gradient out.  Both backends
-use this plan, and `flowc show --kernels` prints it.
+schedule, the sums go into buckets in the order their values are written.  A bucket starts right
+after the kernel that writes the last of its values; the step pokes the engine after each later
+kernel while buckets are in flight (a non-blocking collective moves only when the engine is
+called); the bucket is awaited at its first all_reduce kernel, after the rest of the backward
+pass, and each all_reduce kernel then copies its reduced value out.  Both backends use this plan,
+and `flowc show --kernels` prints it.
 
 Example::
 

@@ -69,9 +69,11 @@ STRIDED_OPS = {"strided_slice", "slice_update"}        # start/step/shape per ax
 
 @dataclass
 class Distribution:
-    """What the pass decided: each original node's layout, and each output's (for the runtime)."""
+    """What the pass decided: each original node's layout, and each output's (for the runtime).
+    `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank."""
     layouts: dict[int, str]
     outputs: list[str]
+    mirrored: bool = False
 
     def format(self, graph: Graph) -> str:
         return "\n".join(f"%{n.id} {n.op}: {self.layouts[n.id]}" for n in graph.nodes)
@@ -85,8 +87,8 @@ def _error(node: Node, why: str) -> TraceError:
 class _Layouts:
     """The layout rules, one method per kind of op, over the logical graph."""
 
-    def __init__(self, graph: Graph, ranks: int) -> None:
-        self.graph, self.ranks = graph, ranks
+    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False) -> None:
+        self.graph, self.ranks, self.mirrored = graph, ranks, mirrored
         self.layout: dict[int, str] = {}
         self.position = {n.id: k for k, n in enumerate(graph.nodes)}
         self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
@@ -96,7 +98,13 @@ class _Layouts:
 
     def run(self) -> dict[int, str]:
         for n in self.graph.nodes:
-            self.layout[n.id] = self._decide(n)
+            try:
+                self.layout[n.id] = self._decide(n)
+            except TraceError:
+                if not self.mirrored:
+                    raise
+                # Mirrored: every rank computes its own batch whole; nothing is split, nothing refused.
+                self.layout[n.id] = SPLIT
         return self.layout
 
     def _reduce_partials(self, n: Node) -> None:
@@ -272,14 +280,25 @@ class _Layouts:
         raise _error(n, f"its operands are {a} and {b} (transpose_a={ta}, transpose_b={tb})")
 
 
-def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Distribution]:
-    """`graph` for one of `ranks` ranks, with its all_reduce nodes; and the layouts decided."""
+def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = False) -> tuple[Graph, Distribution]:
+    """`graph` for one of `ranks` ranks, with its all_reduce nodes; and the layouts decided.
+
+    `mirrored` (OneFlow's mirrored view): `graph` already is one rank's job (its placeholders are
+    each device's own batch), so no shape changes; the gradients are averaged over the ranks (an
+    all_reduce scaled by 1/ranks before each update: each rank's loss is the mean over its own
+    batch) and nothing in the forward pass is summed."""
     if ranks < 2:
         raise ValueError(f"distribute: ranks must be >= 2, got {ranks}")
-    rules = _Layouts(graph, ranks)
+    rules = _Layouts(graph, ranks, mirrored)
     layout = rules.run()
+    scale = 1.0
+    if mirrored:
+        # only the gradients, where the update reads them: each rank's own forward and backward stand
+        rules.reduced = {(c, i) for c, i in rules.reduced if graph.node(c).role == "update"}
+        layout = {n: (BROADCAST if kind == PARTIAL else kind) for n, kind in layout.items()}
+        scale = 1.0 / ranks
     for var, value in graph.assigns.items():
-        if layout[value] == SPLIT:
+        if layout[value] == SPLIT and not mirrored:
             raise _error(graph.node(value), f"variable {var!r} would be assigned a value split over the batch")
     partial_roots = {value for value in graph.assigns.values() if layout[value] == PARTIAL}
     builder = GraphBuilder()
@@ -288,7 +307,7 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Dist
 
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
-            attrs = {"ranks": ranks, "scale": 1.0, "bucket_bytes": bucket_bytes}
+            attrs = {"ranks": ranks, "scale": scale, "bucket_bytes": bucket_bytes}
             reduced[i] = builder.add("all_reduce", [new_id[i]], attrs,
                                      loc=graph.node(i).loc, role=where.role,
                                      device=graph.node(i).type.device)
@@ -296,7 +315,7 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Dist
 
     for n in graph.nodes:
         inputs = [summed(i, n) if (n.id, i) in rules.reduced else new_id[i] for i in n.inputs]
-        attrs = _local_attrs(n, layout[n.id], ranks)
+        attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], ranks)
         try:
             new_id[n.id] = builder.add(n.op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
         except ShapeError as err:
@@ -308,7 +327,7 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int) -> tuple[Graph, Dist
                   dict(graph.scalars), [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
-    return local, Distribution(layout, outputs)
+    return local, Distribution(layout, outputs, mirrored)
 
 
 def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
