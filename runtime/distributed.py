@@ -124,6 +124,7 @@ class Cluster:
     def serve(self, session: Session) -> None:
         """Run the master's steps until it says exit; then end this process (a worker never goes back
         to the script: only the master prints, saves and fires callbacks)."""
+        served: dict[str, tuple[LoadedStep, list[np.ndarray]]] = {}     # job -> its step and input buffers
         while True:
             message = self.control.recv(source=0)
             kind = message[0]
@@ -137,7 +138,7 @@ class Cluster:
             _, job_name, scalars, expected = message
             self.job = f"job {job_name!r}"
             try:
-                loaded = self._loaded(session, job_name)
+                loaded, inputs = served.get(job_name) or self._loaded(session, job_name)
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
@@ -146,7 +147,7 @@ class Cluster:
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
                 if mismatch:
                     continue
-            inputs = _buffers(loaded.graph, loaded.graph.placeholders)
+                served[job_name] = (loaded, inputs)
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
                 self.control.Recv(buffer, source=0, tag=DATA_TAG)
             try:
@@ -163,13 +164,15 @@ class Cluster:
         sys.stdout.flush()
         sys.exit(0)
 
-    def _loaded(self, session: Session, job_name: str) -> LoadedStep:
+    def _loaded(self, session: Session, job_name: str) -> tuple[LoadedStep, list[np.ndarray]]:
+        """The step of `job_name` on this worker (built at its first step) and buffers for its inputs."""
         job = session.job_named(job_name)
         if job is None:
             raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
         loaded = job._ensure_ready().loaded
-        return loaded.inner if isinstance(loaded, DistributedStep) else loaded
+        loaded = loaded.inner if isinstance(loaded, DistributedStep) else loaded
+        return loaded, _buffers(loaded.graph, loaded.graph.placeholders)
 
 
 def _compare(expected: tuple[list[str], list[str]], graph, rank: int) -> str | None:
@@ -239,12 +242,14 @@ class DistributedStep(LoadedStep):
             if mismatches or failed:
                 raise DistributedError("; ".join(mismatches + failed))
             self._agreed = True
-        for rank in range(1, cluster.ranks):
-            for share in shards[rank]:
-                cluster.control.Send(share, dest=rank, tag=DATA_TAG)
+        # Non-blocking: the master starts its own share at once instead of waiting, in a large message's
+        # rendezvous, for each worker to be ready to receive.
+        sends = [cluster.control.Isend(share, dest=rank, tag=DATA_TAG)
+                 for rank in range(1, cluster.ranks) for share in shards[rank]]
         try:
             local = self.inner.compute(slot)
         finally:
+            MPI_Waitall(sends)
             per_rank, failed = [], []
             for rank in range(1, cluster.ranks):
                 status, text = cluster.control.recv(source=rank)
@@ -291,6 +296,14 @@ class DistributedStep(LoadedStep):
         self.inner.release()
 
 
+def trace_as_ranks(session: Session, ranks: int) -> None:
+    """Trace `session`'s jobs as one of `ranks` ranks without MPI (`flowc show --ranks N`): the graphs,
+    kernels and code a distributed run would build; such a session cannot run them."""
+    if session.cluster is not None:
+        raise DistributedError("this session already runs on MPI ranks")
+    session.joined, session.ranks = True, ranks
+
+
 def join(session: Session) -> Cluster | None:
     """The session's cluster when this process was launched as one of several MPI ranks (made at
     the first job call, before any job is traced: their graphs depend on the number of ranks)."""
@@ -324,6 +337,13 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+def MPI_Waitall(requests: list) -> None:     # noqa: N802 - MPI's name
+    """Wait for mpi4py requests (the shares' sends: their buffers must live until then)."""
+    if requests:
+        from mpi4py import MPI
+        MPI.Request.Waitall(requests)
 
 
 def _buffers(graph, node_ids) -> list[np.ndarray]:

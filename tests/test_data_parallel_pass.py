@@ -214,3 +214,14 @@ def test_the_engine_error_codes_match_the_header():
         text = (include_dir() / name).read_text()
         assert f"#define FLOWC_COMM_ERROR_FAILED {COMM_FAILED}" in text, name
         assert f"#define FLOWC_COMM_ERROR_TIMEOUT {COMM_TIMEOUT}" in text, name
+
+
+def test_flowc_show_prints_one_ranks_share_with_its_buckets(capsys):
+    from flowc.cli import main
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--kernels", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce buckets (1):" in out and "bucket 0: 4 gradients, 1628200 B; starts after" in out
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--ir", "--after", "simplify", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "float32[50x1x28x28] = input()" in out and out.count("= all_reduce(") == 4
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--kernels", "--ranks", "0"]) != 0
