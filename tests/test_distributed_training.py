@@ -24,9 +24,10 @@ pytest.importorskip("mpi4py")
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "distributed" / "train_models.py"
 # the MPICH wheel's mpiexec beside this Python, else one on PATH
-MPIEXEC = next((p for p in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec")) if p and Path(p).is_file()),
-               None)
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'flowc[distributed]')")]
+MPIEXEC = next((p for p in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec"))
+                if p and Path(p).is_file()), None)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'flowc[distributed]')")]
 
 
 def command(ranks: int, *args: str, cleanup: bool = True) -> list[str]:
