@@ -214,6 +214,7 @@ class DistributedStep(LoadedStep):
             graph = self.graph
             typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
                      for a, p in zip(arrays, graph.placeholders)]
+            self._check_labels(typed)
             split = [np.split(a, ranks, axis=0) for a in typed]
             shards = [[part if borrowed and part.flags.c_contiguous else np.array(part) for part in
                        (parts[r] for parts in split)] for r in range(ranks)]
@@ -223,6 +224,14 @@ class DistributedStep(LoadedStep):
         if scalars:
             kept = {**kept, **scalars}
         self._pending[id(slot)] = (shards, kept)
+
+    def _check_labels(self, inputs: list[np.ndarray]) -> None:
+        """Labels out of range fail here, for every rank's share at once: a rank that stopped at its own
+        check would leave the others waiting in the step's collectives (until FLOWC_COMM_TIMEOUT)."""
+        for check in self.compiled.generated.label_checks:
+            labels = inputs[check.input]
+            if labels.size and (labels.min() < 0 or labels.max() >= check.classes):
+                self.inner.raise_step_error(check.code)
 
     def compute(self, slot: Any) -> list[np.ndarray]:
         cluster = self.cluster

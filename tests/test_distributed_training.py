@@ -91,6 +91,14 @@ def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_p
     same(tmp_path / "one.npz", tmp_path / "two.npz")
 
 
+def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_nothing(tmp_path):
+    plain = run(2, "mlp", "3", str(tmp_path / "plain.npz"))
+    refused = run(2, "mlp", "3", str(tmp_path / "refused.npz"), "--bad-label")
+    assert "refused: " in refused.stdout and "out of range [0, 10)" in refused.stdout
+    same(tmp_path / "plain.npz", tmp_path / "refused.npz")     # the refused step changed no variable
+    assert plain.stdout.splitlines()[-1] == refused.stdout.splitlines()[-1]
+
+
 def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(tmp_path):
     proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--mismatch"), capture_output=True,
                           text=True, timeout=300, env=environment())

@@ -9,6 +9,7 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --skip N                  draw (and drop) the first N batches: continue a run that saved after N steps
     --announce                each rank prints "pid RANK PID" before the first call; the steps then pause
     --mismatch                rank 1 builds a wider hidden layer (a script that differs between ranks)
+    --bad-label               the last step's last label is out of range (it lies in rank 1's share)
 """
 import os
 import sys
@@ -86,6 +87,13 @@ if "--announce" in OPTIONS:
 losses = []
 for step in range(STEPS):
     x, y = batch(rng)
+    if "--bad-label" in OPTIONS and step == STEPS - 1:
+        bad = y.copy()
+        bad[-1] = 10
+        try:
+            train_job(x, bad)
+        except flow.StepError as err:
+            print(f"refused: {err}", flush=True)
     losses.append(train_job(x, y))
     if "--announce" in OPTIONS:
         print(f"step {step}", flush=True)
