@@ -107,12 +107,21 @@ class Cluster:
             self.control.send(("variables", values), dest=rank)
         self.variables_sent = True
 
-    def shutdown(self, session: Session | None = None) -> None:
+    def session_cleared(self) -> None:
+        """The master's script cleared its session: the workers clear theirs (same jobs, new variables)."""
+        if self.world.is_master:
+            for rank in range(1, self.ranks):
+                self.control.send(("clear",), dest=rank)
+        self.variables_sent = False
+
+    def shutdown(self) -> None:
         """Tell the workers to exit (the master's script has ended), once the calls in flight are done."""
         if self._closed or not self.world.is_master:
             return
         self._closed = True
-        if session is not None:
+        from flowc.runtime.session import default_session
+        session = default_session()
+        if session.cluster is self:
             try:
                 session.sync("the end of the master's script")
             except Exception as err:      # a failed call was the script's to report; the workers still exit
@@ -130,6 +139,12 @@ class Cluster:
             kind = message[0]
             if kind == "exit":
                 break
+            if kind == "clear":               # the master cleared its session: a new one, on this cluster
+                from flowc.runtime.session import clear_default_session, default_session
+                clear_default_session()
+                session = default_session()
+                served.clear()
+                continue
             if kind == "variables":
                 for name, value in message[1].items():
                     if name in session.variables:
@@ -166,7 +181,8 @@ class Cluster:
 
     def _loaded(self, session: Session, job_name: str) -> tuple[LoadedStep, list[np.ndarray]]:
         """The step of `job_name` on this worker (built at its first step) and buffers for its inputs."""
-        job = session.job_named(job_name)
+        from flowc.runtime.job import job_function_named
+        job = session.job_named(job_name) or job_function_named(job_name)
         if job is None:
             raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
@@ -326,7 +342,7 @@ def join(session: Session) -> Cluster | None:
     session.cluster = cluster
     session.ranks = world.size
     if world.is_master:
-        atexit.register(cluster.shutdown, session)
+        atexit.register(cluster.shutdown)
     return cluster
 
 

@@ -107,6 +107,12 @@ def build_lock() -> threading.RLock:
     return _build_lock
 
 
+def job_function_named(name: str) -> JobFunction | None:
+    """A job function (not a shape variant) called `name`, of any session: a worker of a distributed
+    run finds the master's jobs by name after the master cleared its session."""
+    return next((job for job in list(_jobs) if job.name == name and job._variant_of is None), None)
+
+
 def reset_jobs_after_fork() -> None:
     """In a forked child: new locks (a parent thread may have held one at the fork) and free
     registers (the parent's calls in flight never finish here)."""

@@ -254,8 +254,14 @@ def clear_default_session() -> None:
     refuse_inside_callback("flow.clear_default_session()")
     with _default_lock:
         old, _default = _default, None
+        if old is not None and old.cluster is not None:
+            # A distributed run keeps its ranks: the new session is on the same cluster, and the
+            # workers clear theirs at the same point of the master's script (runtime/distributed.py).
+            _default = Session(ranks=old.ranks, bucket_bytes=old.bucket_bytes, cluster=old.cluster, joined=True)
     if old is not None:
         old.close()
+        if old.cluster is not None:
+            old.cluster.session_cleared()
 
 
 def sessions_after_fork() -> list[Session]:

@@ -99,6 +99,12 @@ def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_noth
     assert plain.stdout.splitlines()[-1] == refused.stdout.splitlines()[-1]
 
 
+def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
+    run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2")
+    run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2")
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
 def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(tmp_path):
     proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--mismatch"), capture_output=True,
                           text=True, timeout=300, env=environment())

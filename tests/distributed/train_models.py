@@ -10,6 +10,7 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --announce                each rank prints "pid RANK PID" before the first call; the steps then pause
     --mismatch                rank 1 builds a wider hidden layer (a script that differs between ranks)
     --bad-label               the last step's last label is out of range (it lies in rank 1's share)
+    --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
 """
 import os
 import sys
@@ -95,6 +96,8 @@ for step in range(STEPS):
         except flow.StepError as err:
             print(f"refused: {err}", flush=True)
     losses.append(train_job(x, y))
+    if option("--clear-after") and step + 1 == int(option("--clear-after")):
+        flow.clear_default_session()
     if "--announce" in OPTIONS:
         print(f"step {step}", flush=True)
         time.sleep(0.5)
