@@ -27,6 +27,8 @@ class RunInfo:
     machine_load: MachineLoad | None = None     # busy or idle: targets are judged on an idle machine only
     commit: str = ""      # the code measured (git describe of the checkout)
     warning: str = ""
+    # benchmarks/scaling.py's rows: the train jobs on 1 rank and on 2 MPI ranks of one thread each
+    scaling: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def busy(self) -> bool | None:
@@ -68,7 +70,7 @@ def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
     lines = ["# flowc benchmarks", ""]
     lines += _preamble(summary, info)
     for section in (_steps_section, _gflops_section, _sgemm_section, _ratio_section, _first_call_section,
-                    _io_section, _overhead_section, _targets_section):
+                    _io_section, _overhead_section, _scaling_section, _targets_section):
         body = section(summary, info)
         if body:
             lines += [""] + body
@@ -229,6 +231,18 @@ def _overhead_section(summary: Summary, info: RunInfo) -> list[str]:
             + _table(["workload", "framework", "call", "kernels", "overhead"], rows, left=2))
 
 
+def _scaling_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not info.scaling:
+        return []
+    from benchmarks.scaling import BERT_TINY_BATCH, TARGET_SPEEDUP, scaling_table
+    return (["## Data-parallel scaling (2 MPI ranks x 1 thread against 1 rank x 1 thread)", "",
+             f"The same global batch (MLP and LeNet: {BATCH}; BERT-tiny: {BERT_TINY_BATCH}) on one process and split "
+             "over two (`mpiexec -n 2`, consistent view: the gradients are summed inside the compiled step); "
+             "the best of the rounds; the last column is the master's time per step waiting for its gradient "
+             f"sums. Target: {TARGET_SPEEDUP}x (issue 17).", ""]
+            + scaling_table(info.scaling, judged=info.busy is False))
+
+
 def targets_table(summary: Summary, info: RunInfo) -> list[str]:
     """The targets as a Markdown table: issue, target, measured, met (✓/✗, or why not judged)."""
     rows = [[str(c.issue), c.target, c.measured, c.mark] for c in evaluate(summary, info.busy)]
@@ -240,4 +254,5 @@ def _targets_section(summary: Summary, info: RunInfo) -> list[str]:
 
 
 # The sections the README's Speed section shows (benchmarks/readme.py), before the targets.
-README_SECTIONS = (_steps_section, _ratio_section, _first_call_section, _io_section, _overhead_section)
+README_SECTIONS = (_steps_section, _ratio_section, _first_call_section, _io_section, _overhead_section,
+                   _scaling_section)

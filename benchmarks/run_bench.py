@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="OMP_WAIT_POLICY for every framework; passive keeps OpenMP runtimes from spinning "
                              "on a machine shared with other work (default: each runtime's own default)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    parser.add_argument("--no-scaling", action="store_true",
+                        help="skip the data-parallel scaling row (flowc on 1 and 2 MPI ranks: benchmarks/scaling.py)")
     parser.add_argument("--readme", action="store_true",
                         help="rewrite the run section of README.md's Speed section (between its bench markers) "
                              "with this run")
@@ -106,6 +108,28 @@ def run_one(args: argparse.Namespace, framework: str, round_no: int) -> tuple[Pa
     return json_path, ok, share
 
 
+def run_scaling(args: argparse.Namespace, frameworks: list[str]) -> list[dict] | None:
+    """The scaling row (benchmarks/scaling.py): [] when skipped (said why), None when it failed."""
+    if args.no_scaling or "flowc" not in frameworks:
+        return []
+    from benchmarks.scaling import find_mpiexec, scaling_rows
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        print("skipping the scaling row: mpi4py is not installed (pip install 'flowc[distributed]')")
+        return []
+    if find_mpiexec() is None:
+        print("skipping the scaling row: no mpiexec (pip install 'flowc[distributed]')")
+        return []
+    print("scaling: flowc's train jobs on 1 rank and on 2 MPI ranks, one thread each", flush=True)
+    try:
+        return scaling_rows(seconds=max(2.0, 2 * args.step_seconds), rounds=min(args.rounds, 2),
+                            progress=lambda line: print(line, flush=True))
+    except RuntimeError as err:
+        print(f"scaling FAILED: {err}", flush=True)
+        return None
+
+
 def busy_machine_warning(load: list[float] | None, args: argparse.Namespace) -> str:
     """A warning, printed before the run, when other work kept the machine's CPUs busy.
 
@@ -153,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"benchmarking {', '.join(frameworks)}: {args.rounds} round(s), {args.threads} threads each", flush=True)
     results = [run_one(args, f, r) for r in range(args.rounds) for f in frameworks]
     failed = [p.stem for p, ok, _ in results if not ok]
+    scaling = run_scaling(args, frameworks)
+    if scaling is None:
+        failed.append("scaling")
 
     environment = shared_env(args)
     cpus = pinned_cpus(args.threads)
@@ -161,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_load = monitor.finish()
     machine_load.per_process = {p.stem: None if share is None else round(share, 3) for p, _, share in results}
     info = RunInfo(threads=args.threads, sgemm_size=SGEMM_SIZE, missing=missing, environment=environment,
-                   machine_load=machine_load, commit=code_commit(), warning=warning)
+                   machine_load=machine_load, commit=code_commit(), warning=warning, scaling=scaling or [])
     markdown, notes = write_report(load_runs([p for p, _, _ in results if p.exists()]), args.out, info)
     (args.out / "run.json").write_text(json.dumps(asdict(info), indent=1))     # with the date write_report found
     print("\n" + markdown)

@@ -15,6 +15,7 @@ from flowc.compiler.autodiff import GradEmitter, differentiate
 from flowc.compiler.errors import TraceError
 from flowc.compiler.indexed_slices import emit_sparse_update, named_variables, sparse_update_plan
 from flowc.compiler.ir import Graph, GraphBuilder, TensorType
+from flowc.compiler.passes.data_parallel import DEFAULT_BUCKET_BYTES, Distribution, distribute
 from flowc.compiler.optimizers import (DynamicLossScalePolicy, Optimizer, StaticLossScalePolicy, combine_losses,
                                        from_model_update_conf)
 from flowc.compiler.trace import Blob, TraceContext, WatchSpec, emit, tracing
@@ -27,6 +28,9 @@ class TracedJob:
     optimizer: Optimizer | None
     # (watch, index in graph.outputs) of every watch whose handler is called, in registration order
     watches: list[tuple[WatchSpec, int]] = field(default_factory=list)
+    # In a distributed session: how the logical job lies over the ranks (each output's layout);
+    # `graph` is then one rank's share of the job.  None in one process.
+    distribution: Distribution | None = None
 
 
 def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequence, result_spec,
@@ -69,7 +73,12 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     graph.scalars.update({n.attr("name"): n.type.dtype for n in graph.nodes if n.op == "scalar"})
     watches = _watch_outputs(ctx, graph, diffs)
     graph.verify()
-    return TracedJob(graph, layout, optimizer, watches)
+    distribution = None
+    ranks = getattr(session, "ranks", 1)
+    if ranks > 1:          # a distributed session: the graph of one rank (compiler/passes/data_parallel.py)
+        graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
+                                         mirrored=ctx.logical_view == "mirrored")
+    return TracedJob(graph, layout, optimizer, watches, distribution)
 
 
 def _check_assigns(ctx: TraceContext, graph: Graph) -> None:

@@ -21,3 +21,7 @@ class StepError(FlowError, RuntimeError):
 class UnsupportedError(FlowError, NotImplementedError):
     """A OneFlow feature flowc knows of but does not implement (eager mode, user_op_builder, OFRecord
     readers, some FunctionConfig options); the message names the feature and why."""
+
+
+class DistributedError(StepError):
+    """A distributed job lost a rank, timed out waiting for one, or its ranks disagree (graphs)."""

@@ -17,7 +17,7 @@ from typing import Literal, get_args
 from flowc.compiler.ir import Graph
 
 # How a kernel is laid out (compiler/passes/fusion.py makes them; each backend lowers every kind).
-KernelKind = Literal["pointwise", "reduction", "matmul", "row", "window", "xent_fused"]
+KernelKind = Literal["pointwise", "reduction", "matmul", "row", "window", "xent_fused", "collective"]
 KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 # Where a materialized value lives.
 BufferKind = Literal["arena", "input", "variable", "scalar"]
@@ -27,7 +27,7 @@ BufferKind = Literal["arena", "input", "variable", "scalar"]
 class Kernel:
     """One function of the generated step.
 
-    kind: pointwise | matmul | reduction | row | window | xent_fused.
+    kind: pointwise | matmul | reduction | row | window | xent_fused | collective.
     `anchor` is the matmul / reduction / row node; `loops` are pointwise member
     groups: the body of a pointwise kernel (several independent loops after
     `group_optimizer_updates`), or the epilogue (loops[0]) of an anchored kernel.

@@ -87,6 +87,15 @@ SETTINGS: tuple[Setting, ...] = (
             "`flowc launch` in every process it starts (N / the number of `--hosts`); the script's "
             "`flow.config.gpu_device_num` / `cpu_device_num` must agree with it (docs/distributed.md).",
             "runtime.world, cli.launch_command"),
+    Setting("FLOWC_COMM_TIMEOUT", "level", "`300`",
+            "seconds a rank of a distributed job waits for the others in one collective or control message "
+            "before it stops with an error naming the ranks that did not answer (a lost process); `0` waits "
+            "without a limit.",
+            "runtime.collectives, runtime.distributed"),
+    Setting("FLOWC_MPICC", "text", "`mpicc` next to the Python interpreter, else on `PATH`",
+            "the MPI compiler wrapper that builds flowc's MPI engine (`codegen_templates/cpu/flowc_comm_mpi.c`), "
+            "once per MPI installation. It must belong to the MPI that mpi4py loads.",
+            "compiler.comm_library"),
     Setting("CXX", "text", "`g++`",
             "C++ compiler to use for CPU kernels, as a command line (`clang++`, `ccache g++`).",
             "compiler.toolchain", "toolchain"),
@@ -113,6 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 DEFAULT_LOCK_TIMEOUT = 600
+DEFAULT_COMM_TIMEOUT = 300.0
 README_BEGIN = "<!-- settings-table:begin (generated: python -m flowc.compiler.settings --write-readme) -->"
 README_END = "<!-- settings-table:end -->"
 
@@ -231,6 +241,22 @@ MPI_LAUNCHER_VARIABLES: tuple[str, ...] = (
 def mpi_launcher_variables() -> dict[str, str]:
     """The `MPI_LAUNCHER_VARIABLES` set in this process, name -> value (empty when no launcher started it)."""
     return {name: os.environ[name] for name in MPI_LAUNCHER_VARIABLES if name in os.environ}
+
+
+def comm_timeout() -> float | None:
+    """``$FLOWC_COMM_TIMEOUT`` in seconds (default 300); None for ``0`` or less: wait without a limit."""
+    raw = _raw("FLOWC_COMM_TIMEOUT").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_COMM_TIMEOUT
+    except ValueError:
+        raise ValueError(f"FLOWC_COMM_TIMEOUT={raw!r}: expected a number of seconds "
+                         "(0 waits without a limit)") from None
+    return seconds if seconds > 0 else None
+
+
+def mpicc() -> str | None:
+    """``$FLOWC_MPICC`` (a command line, not yet split), or None when unset."""
+    return _text("FLOWC_MPICC")
 
 
 def cxx() -> str | None:

@@ -99,6 +99,11 @@ class Lowered:
             lines.append(f"  [{i}] {k.name}  ({k.kind}, {len(ops)} ops)")
             for n in ops:
                 lines.append(f"        %{n.id:<4} {n.op:<32} {n.role:<8} {n.loc}")
+        from flowc.compiler.codegen.collectives import describe, plan_buckets
+        buckets = plan_buckets(graph, kernels)
+        if buckets:     # a data-parallel job: where each bucket of gradients is summed over the ranks
+            lines.append(f"all-reduce buckets ({len(buckets)}):")
+            lines.extend(f"  {line}" for line in describe(buckets, kernels))
         lines.append(f"fused ({len(log.fused)}):")
         lines.extend(f"  {line}" for line in log.fused)
         lines.append(f"not fused ({len(log.refused)}):")

@@ -531,6 +531,8 @@ def assign(session, values: dict[str, Any], steps: dict[str, int]) -> None:
                 np.copyto(slot.value, value, casting="same_kind")   # compiled steps point into it
         session.train_steps.update(steps)
         sync_to_device(session)                    # GPU jobs read their device copies
+        if session.cluster is not None:            # a distributed session: the workers get them before the next step
+            session.cluster.variables_sent = False
 
 
 def _train_step(value: Any, name: str, where: str) -> int:

@@ -10,7 +10,7 @@ call, which lets the caller prepare the next step meanwhile.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import cffi
 import numpy as np
@@ -62,6 +62,7 @@ class CpuLoadedStep(LoadedStep):
         self.lib = _ffi.dlopen(str(compiled.library))
         self.arena = aligned_empty(max(compiled.program.require_memory().arena_bytes, ALIGN))
         self._keep: list[np.ndarray] = []          # variables the tables point into
+        self._engine: Any = None                    # a data-parallel step's collectives (runtime/collectives.py)
         self.slots = [Slot(self) for _ in range(depth)]
         bindings = compiled.generated.bindings
         # placeholder index -> its entry in the pointer table, for steps run on borrowed arrays;
@@ -81,6 +82,11 @@ class CpuLoadedStep(LoadedStep):
             value = self.session.value(binding[1])
             self._keep.append(value)
             return value
+        if kind == "comm":        # a data-parallel step: the MPI engine's table (runtime/collectives.py)
+            engine = self._engine
+            if engine is None:
+                engine = self._engine = self.session.cluster.engine(self.compiled.generated.comm_buckets)
+            return engine.table
         return slot.scalars[binding[1]]
 
     def view(self, node_id: int, slot: Slot) -> np.ndarray:

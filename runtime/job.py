@@ -107,6 +107,12 @@ def build_lock() -> threading.RLock:
     return _build_lock
 
 
+def job_function_named(name: str) -> JobFunction | None:
+    """A job function (not a shape variant) called `name`, of any session: a worker of a distributed
+    run finds the master's jobs by name after the master cleared its session."""
+    return next((job for job in list(_jobs) if job.name == name and job._variant_of is None), None)
+
+
 def reset_jobs_after_fork() -> None:
     """In a forked child: new locks (a parent thread may have held one at the fork) and free
     registers (the parent's calls in flight never finish here)."""
@@ -192,6 +198,10 @@ class JobFunction:
             from flowc.runtime.devices import load_step
             with _build_lock:
                 loaded = load_step(self._compiled, session, self.config.depth)
+            cluster = session.cluster
+            if cluster is not None and cluster.world.is_master and self._traced.distribution is not None:
+                from flowc.runtime.distributed import DistributedStep
+                loaded = DistributedStep(loaded, self._traced, cluster, self.name)
             ready = ReadyStep(self.name, self.job_type == "train", session, self._traced, loaded,
                               Register(loaded.slots))
             self._ready = ready
@@ -209,6 +219,8 @@ class JobFunction:
         with self._lock:
             if self._traced is None or self._session is not session:
                 from flowc.compiler.build import build_job_graph
+                from flowc.runtime.distributed import join
+                join(session)         # launched as several MPI ranks: the graph is one rank's share
                 self.config.check_for_job(self.name)
                 self.release()
                 start = time.perf_counter()
@@ -331,7 +343,7 @@ class JobFunction:
         if arrays is None:
             arrays = self._bind(args, kwargs)
             shapes = tuple(a.shape for a in arrays)
-            if shapes != self._declared_shapes:
+            if shapes != self._declared_shapes and self._ranks_of_mirrored_inputs() == 1:
                 return self._variant(shapes)._call_bound(arrays)
         return self._call_bound(arrays)
 
@@ -348,6 +360,12 @@ class JobFunction:
         return list(args)
 
     def _call_bound(self, arrays: list[np.ndarray]) -> Any:
+        session = default_session()
+        if session.cluster is not None or not session.joined:
+            from flowc.runtime.distributed import join
+            cluster = join(session)
+            if cluster is not None and not cluster.world.is_master:
+                cluster.serve(session)          # a worker: computes the master's steps, then exits
         ready = self._begin_call()
         try:
             pipeline = ready.session.pipeline
@@ -453,7 +471,23 @@ class JobFunction:
             unpack(layout, bound[name], repr(name))
         return [self._check_argument(p, value) for p, value in zip(declared, flat)]
 
+    def _ranks_of_mirrored_inputs(self) -> int:
+        """How many devices a mirrored input has an array for: the ranks of a distributed session, else 1."""
+        if not any(p.kind == "list" for p in self.placeholders):
+            return 1
+        from flowc.runtime.distributed import join
+        cluster = join(default_session())
+        return cluster.ranks if cluster is not None else 1
+
     def _check_argument(self, p: PlaceholderSpec, value: Any) -> np.ndarray:
+        ranks = self._ranks_of_mirrored_inputs() if p.kind == "list" else 1
+        if ranks > 1:             # one array per rank: each checked, then one after the other (the ranks' shares)
+            if not isinstance(value, (list, tuple)) or len(value) != ranks:
+                raise JobCallError(f"job {self.name!r}: argument {p.name!r} is a ListNumpy placeholder of a job on "
+                                   f"{ranks} ranks: pass a list of {ranks} numpy.ndarrays (one per device), got "
+                                   f"{_describe_value(value)}")
+            shares = [self._check_argument(dataclasses.replace(p, kind="numpy"), a) for a in value]   # exact shapes
+            return np.concatenate(shares, axis=0)
         if p.kind == "list":      # one array per device, and flowc has one device
             value = self._one_device(p, value, "a list with one numpy.ndarray")
         elif p.kind == "list_list":

@@ -16,7 +16,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from flowc.compiler.errors import StepError
+from flowc.compiler.codegen.collectives import COMM_FAILED, COMM_TIMEOUT
+from flowc.compiler.errors import DistributedError, StepError
+
+# What the communication engine's codes mean (codegen_templates/cpu/flowc_comm.h).
+COMM_ERRORS = {
+    COMM_FAILED: "MPI reported an error in a gradient all-reduce",
+    COMM_TIMEOUT: ("a gradient all-reduce did not complete within FLOWC_COMM_TIMEOUT seconds: another rank "
+                   "stopped taking part (lost, or failed before its step)"),
+}
 
 
 class LoadedStep(abc.ABC):
@@ -65,6 +73,8 @@ class LoadedStep(abc.ABC):
     def raise_step_error(self, code: int, slot: Any = None) -> None:
         """Raise the StepError for status `code`, naming the user's line of the op that reported it.
         A check_numerics code also says what the value holds, read from `slot`'s step when given."""
+        if code in COMM_ERRORS:
+            raise DistributedError(f"job {self.graph.name!r}: {COMM_ERRORS[code]}")
         generated = self.compiled.generated
         node_id = generated.error_nodes.get(code)
         node = self.graph.node(node_id) if node_id is not None else None

@@ -42,6 +42,13 @@ class Session:
     pending_values: dict[str, Any] = field(default_factory=dict)
     # Loaded steps off the host (GPU): their device memory is freed when the session closes.
     loaded_steps: list[Any] = field(default_factory=list)
+    # A session over several MPI ranks (runtime/distributed.py, made by `distributed.join` at the first
+    # job call or trace): the ranks a job's batch is split over, the bucket size of its gradient
+    # all-reduces, and the cluster; one rank and no cluster in a process launched alone.
+    ranks: int = 1
+    bucket_bytes: int = 16 << 20
+    cluster: Any = None
+    joined: bool = False
 
     def add_job_function(self, job: Any) -> None:
         """Remember a job function of this session (decorated while it was the default one, or called in
@@ -49,6 +56,11 @@ class Session:
         with self._lock:
             if not any(known is job for known in self._job_functions):
                 self._job_functions.append(job)
+
+    def job_named(self, name: str) -> Any:
+        """The session's job function called `name`, or None."""
+        with self._lock:
+            return next((job for job in self._job_functions if job.name == name), None)
 
     def trace_jobs(self, why: str) -> None:
         """Trace every job function of the session not traced in it yet, declaring their variables.
@@ -115,6 +127,8 @@ class Session:
         for slot in self.variables.values():
             if force or slot.value is None:
                 self._initialize(slot)
+        if force and self.cluster is not None:     # a distributed session: the workers get them before the next step
+            self.cluster.variables_sent = False
 
     def _initialize(self, slot: VariableSlot) -> None:
         from flowc.runtime.initializers import seed_for
@@ -240,8 +254,14 @@ def clear_default_session() -> None:
     refuse_inside_callback("flow.clear_default_session()")
     with _default_lock:
         old, _default = _default, None
+        if old is not None and old.cluster is not None:
+            # A distributed run keeps its ranks: the new session is on the same cluster, and the
+            # workers clear theirs at the same point of the master's script (runtime/distributed.py).
+            _default = Session(ranks=old.ranks, bucket_bytes=old.bucket_bytes, cluster=old.cluster, joined=True)
     if old is not None:
         old.close()
+        if old.cluster is not None:
+            old.cluster.session_cleared()
 
 
 def sessions_after_fork() -> list[Session]:

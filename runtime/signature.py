@@ -330,6 +330,11 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
     return flat, layout
 
 
+class PerRank(list):
+    """One result of a distributed mirrored job: its array on each rank, in rank order
+    (runtime/distributed.py); a `tp.ListNumpy` result gives them as its per-device list."""
+
+
 @dataclass(frozen=True)
 class PerDevice:
     """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (one device here);
@@ -343,8 +348,10 @@ def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = lambd
     if layout is None:
         return None
     if isinstance(layout, PerDevice):
-        value = leaf(arrays[layout.index])
-        return [[value]] if layout.tensor_list else [value]
+        value = arrays[layout.index]
+        if isinstance(value, PerRank):     # a distributed mirrored job: one array per rank
+            return [[leaf(v)] for v in value] if layout.tensor_list else [leaf(v) for v in value]
+        return [[leaf(value)]] if layout.tensor_list else [leaf(value)]
     if isinstance(layout, int):
         return leaf(arrays[layout])
     if isinstance(layout, (tuple, list)):

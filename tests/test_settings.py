@@ -30,6 +30,8 @@ ACCESSORS = {
     "FLOWC_CUDA_PER_LAUNCH": settings.cuda_per_launch,
     "FLOWC_STRICT_DEVICE": settings.strict_device,
     "FLOWC_DEVICES_PER_MACHINE": settings.devices_per_machine,
+    "FLOWC_COMM_TIMEOUT": settings.comm_timeout,
+    "FLOWC_MPICC": settings.mpicc,
     "CXX": settings.cxx,
     "NVCC": settings.nvcc,
     "CUDA_HOME": settings.cuda_home,

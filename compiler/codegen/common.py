@@ -34,8 +34,9 @@ from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 # Op kinds that never become a kernel of their own: sources are buffers the runtime binds,
 # views share their input's buffer.
 BUFFER_KINDS: Final = ("source", "view")
-# Op kinds lowered by one method per kernel kind, from the rule's C expression.
-GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul")
+# Op kinds lowered by one method per kernel kind: from the rule's C expression, or (collective) as calls
+# into the communication engine.
+GENERIC_KINDS: Final = ("pointwise", "reduction", "matmul", "collective")
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,8 @@ def literal(value) -> CodeText:
 
 def describe_binding(b: tuple) -> CodeText:
     """A pointer-table entry in words, for the generated source's comments (a variable's name sanitised)."""
+    if b[0] == "comm":
+        return code("the communication engine's table (flowc_comm.h)")
     return code("the arena") if b[0] == "arena" else code_format("{} {}", code(b[0]), repr(b[1]))
 
 

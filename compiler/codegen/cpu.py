@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
+from flowc.compiler.codegen.collectives import Bucket, plan_buckets
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
-                                           describe_binding, gemm_offset, matmul_geometry, reduction_extents,
-                                           term)
+                                           describe_binding, gemm_offset, literal, matmul_geometry,
+                                           reduction_extents, term)
 from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CPU_LOWERINGS as INDEXING_LOWERINGS, CppIndexing
 from flowc.compiler.codegen.rows import CPU_LOWERINGS as FUSED_ROW_LOWERINGS, CppFusedRows
@@ -58,6 +59,8 @@ class GeneratedStep:
     numerics_nodes: dict[int, int] = field(default_factory=dict)
     # The C++ functions behind the kernels (compiler/codegen/dedup.py: equal kernels share one).
     kernel_functions: int = 0
+    # A data-parallel step's all-reduce buckets (compiler/codegen/collectives.py); 0 without collectives.
+    comm_buckets: int = 0
 
 
 class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
@@ -83,6 +86,7 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_kernel_pointwise", "reduction": "_kernel_reduction", "matmul": "_kernel_matmul",
         "row": "_kernel_by_op", "window": "_kernel_by_op", "xent_fused": "_kernel_xent_fused",
+        "collective": "_kernel_collective",
     }
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
@@ -109,7 +113,12 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
         table = self._table = KernelTable()
         calls: list[CodeText] = []
         numerics: list[list[CodeText]] = []     # per call: the NaN/Inf checks after it (check_numerics)
-        for k in self.kernels:
+        comm = CommCalls(self, plan_buckets(self.graph, self.kernels))
+        for index, k in enumerate(self.kernels):
+            if k.kind == "collective":
+                calls.append(comm.at(index, k))
+                numerics.append([])
+                continue
             writes = {n for n in k.nodes() if self.stored(n, k)}
             params = Params(self, writes)
             source, returns_error = getattr(self, self.KIND_METHODS[k.kind])(k, params)
@@ -119,9 +128,10 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
             which = f"  // {own}" if name != own else ""
             if returns_error:
                 # Stop at the first error: no later kernel (an optimizer update) may run on its data.
-                calls.append(code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;{which}"))
+                call = code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;{which}")
             else:
-                calls.append(code(f"{name}({args});{which}"))
+                call = code(f"{name}({args});{which}")
+            calls.append(code(comm.before_first() + call + comm.after(index)))
             numerics.append([code(f"if (flowc::any_non_finite({self.pointer(n)}, {self.graph.node(n).type.size})) "
                                   f"return {self.numerics_code(n)};") for n in self.numerics_checked(k)])
         checks = [{"labels": self.pointer(c.node), "rows": self.graph.node(c.node).type.size,
@@ -134,7 +144,8 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
         common = dict(version=self.version, job=self.graph.name, checks=checks, calls=calls, copy_backs=copy_backs,
                       profile=self.profile, numerics=numerics, check_numerics=self.check_numerics,
                       uses_gemm=uses_conv or any(k.kind == "matmul" for k in self.kernels),  # convs run on the GEMM
-                      uses_conv=uses_conv, bindings=[describe_binding(b) for b in self.bindings])
+                      uses_conv=uses_conv, bindings=[describe_binding(b) for b in self.bindings],
+                      comm_slot=comm.slot)
         step = _env.get_template("step.cpp.j2")
         source = step.render(kernels=kernels, split=False, with_step=True, prototypes=[], **common)
         parts = []
@@ -148,7 +159,10 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
                      for g in groups]
         return GeneratedStep(source, list(self.bindings), dict(self.error_nodes), list(self.label_checks),
                              [k.name for k in self.kernels] if self.profile else [], parts,
-                             dict(self.numerics_nodes), len(kernels))
+                             dict(self.numerics_nodes), len(kernels), len(comm.plan))
+
+    def _kernel_collective(self, k: Kernel, params: Params):
+        raise AssertionError(f"{k.name}: a collective is a call into the engine (CommCalls), not a kernel function")
 
     def pointer_for_variable(self, var: str, node: int) -> CodeText:
         t = c_type(self.graph.node(node).type.dtype)
@@ -314,3 +328,47 @@ def _prototype(kernel_source: str) -> CodeText:
     """`void name(params)` of a rendered kernel, whose definition begins `FLOWC_KERNEL void name(...) {`."""
     start = kernel_source.index("FLOWC_KERNEL ") + len("FLOWC_KERNEL ")
     return code(kernel_source[start:kernel_source.index(") {", start) + 1])
+
+
+class CommCalls:
+    """The step's calls into the communication engine (codegen_templates/cpu/flowc_comm.h) for a
+    bucket plan (compiler/codegen/collectives.py): starts after the kernel that writes a bucket's
+    last gradient, a progress poke after each kernel while buckets are in flight, the wait at the
+    bucket's first all_reduce kernel and each gradient's copy out at its own all_reduce kernel."""
+
+    def __init__(self, generator: CppGenerator, plan: list[Bucket]) -> None:
+        self.gen, self.plan = generator, plan
+        self.bucket_of = {m: b for b in plan for m in b.members}
+        self.slot: int | None = None
+        if plan:
+            generator.bindings.append(("comm",))
+            self.slot = len(generator.bindings) - 1
+        self._started_first = False
+
+    def _start(self, b: Bucket) -> str:
+        grads = ", ".join(str(self.gen.pointer(self.gen.graph.node(m).inputs[0])) for m in b.members)
+        sizes = ", ".join(str(n) for n in b.sizes)
+        return (f" {{ const float* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
+                f" if (int e = comm->start(comm->ctx, {b.index}, {len(b.members)}, g, n)) return e; }}")
+
+    def before_first(self) -> str:
+        """Buckets whose gradients are all sources (start before the first kernel)."""
+        if self._started_first:
+            return ""
+        self._started_first = True
+        return "".join(self._start(b) for b in self.plan if b.start_after < 0)
+
+    def after(self, index: int) -> str:
+        text = "".join(self._start(b) for b in self.plan if b.start_after == index)
+        if any(b.start_after <= index < b.wait_at for b in self.plan):
+            text += " if (int e = comm->progress(comm->ctx)) return e;"
+        return text
+
+    def at(self, index: int, k: Kernel) -> CodeText:
+        node = self.gen.graph.node(k.anchor_id)
+        b = self.bucket_of[node.id]
+        wait = f"if (int e = comm->wait(comm->ctx, {b.index})) return e; " if b.wait_at == index else ""
+        out = self.gen.pointer(node.id)
+        scale = literal(float(node.attr("scale")))
+        return code(f"{self.before_first()}{wait}flowc::comm_unpack(comm->data(comm->ctx, {b.index}) + "
+                    f"{b.offset(node.id)}, {out}, {node.type.size}, {scale});  // {c_identifier(k.name)}")

@@ -38,6 +38,7 @@ from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, C
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
+from flowc.compiler.errors import UnsupportedError
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
 from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
@@ -145,6 +146,7 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
     KIND_METHODS: ClassVar[dict[KernelKind, str]] = {
         "pointwise": "_pointwise", "reduction": "_reduction", "matmul": "_matmul",
         "row": "_row", "window": "_window", "xent_fused": "_xent_fused",
+        "collective": "_collective",
     }
 
     def __init__(self, graph: Graph, kernels: list[Kernel], memory: MemoryPlan, version: str = "",
@@ -325,6 +327,13 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         return text, [Launch(k.name, grid, (threads, 1, 1), 0, tuple(params.arguments()))]
 
     # -- row kernels -------------------------------------------------------------------------------
+    def _collective(self, k: Kernel, params: Params):
+        # NCCL between GPUs is the engine for these (issue 17); until it is wired, say so plainly.
+        node = self.graph.node(k.anchor_id)
+        raise UnsupportedError(f"{node.loc}: job {self.graph.name!r} sums its gradients over ranks, and flowc's "
+                               "GPU steps do not run collectives yet (NCCL): run the data-parallel job on the "
+                               "CPU (flow.scope.placement('cpu', ...)) or in one process")
+
     def _row(self, k: Kernel, params: Params):
         return getattr(self, self.lowering(self.graph.node(k.anchor_id).op).method)(k, params)
 

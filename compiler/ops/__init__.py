@@ -6,8 +6,9 @@ means adding a row, not editing switches across files:
 * `infer`     input types + attrs -> output type (raises `ShapeError` on misuse)
 * `reference` NumPy implementation, used by the reference executor (the test oracle)
 * `gradient`  the vector-Jacobian product, written in other ops through a `GradEmitter`
-* `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row | window
-              (views -- reshape, device_copy -- share their input's buffer)
+* `kind`      how the op lowers: source | view | pointwise | reduction | matmul | row | window |
+              collective (views -- reshape, device_copy -- share their input's buffer; collectives
+              -- all_reduce -- are calls into the communication engine, not loops)
 * `c_expr`    pointwise ops: a C++ expression over `{0}`, `{1}`, ..., `{T}`, the attributes by
               name and `i` (the element's linear index);
               reductions: how the accumulator `{0}` combines with an element `{1}`
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, get_args
 
 # How an op lowers (see `kind` above); a rule's kind is one of these.
-OpKind = Literal["source", "view", "pointwise", "reduction", "matmul", "row", "window"]
+OpKind = Literal["source", "view", "pointwise", "reduction", "matmul", "row", "window", "collective"]
 KINDS: tuple[OpKind, ...] = get_args(OpKind)
 
 
@@ -70,3 +71,4 @@ from flowc.compiler.ops import training  # noqa: E402,F401
 from flowc.compiler.ops import indexed_slices  # noqa: E402,F401
 from flowc.compiler.ops import normalization  # noqa: E402,F401
 from flowc.compiler.ops import batch_norm  # noqa: E402,F401
+from flowc.compiler.ops import collectives  # noqa: E402,F401

@@ -77,7 +77,7 @@ def fuse_elementwise(graph: Graph, log: FusionLog) -> list[Kernel]:
     kernels = []
     for n in graph.nodes:
         kind = OPS[n.op].kind
-        if kind in ("matmul", "reduction", "row", "window"):
+        if kind in ("matmul", "reduction", "row", "window", "collective"):
             kernels.append(Kernel(f"{n.op}_{n.id}", kind, anchor=n.id))
         elif kind == "pointwise" and n.id in groups:
             kernels.append(Kernel(f"loop_{n.id}", "pointwise", loops=[groups[n.id]]))
@@ -289,7 +289,14 @@ def order_kernels(graph: Graph, kernels: list[Kernel], inplace_writes: dict[int,
         deps[writer] |= readers_of_var.get(var, set()) - {writer}
     order: list[Kernel] = []
     done: set[int] = set()
-    position = {i: max(k.nodes()) for i, k in enumerate(kernels)}
+    position: dict[int, float] = {i: max(k.nodes()) for i, k in enumerate(kernels)}
+    # A collective (all_reduce) waits for the other ranks: it goes as late as its first reader allows,
+    # so the rest of the backward pass runs while the sums are in flight (compiler/codegen/collectives.py).
+    for i, k in enumerate(kernels):
+        if k.kind == "collective":
+            readers = [j for j, d in enumerate(deps) if i in d]
+            if readers:
+                position[i] = min(position[j] for j in readers) - 0.5
     pending = sorted(range(len(kernels)), key=position.__getitem__)
     while pending:
         ready = next((i for i in pending if deps[i] <= done), None)

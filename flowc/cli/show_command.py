@@ -11,7 +11,9 @@ EPILOG = """examples:
   flowc show train.py:train_job --ir --after fuse_epilogues
   flowc show train.py:train_job --kernels              fused groups, and why candidates were not fused
   flowc show train.py:train_job --memory               buffers, offsets, lifetimes, peak bytes
-  flowc show train.py --code                           the generated source of every job"""
+  flowc show train.py --code                           the generated source of every job
+  flowc show train.py:train_job --kernels --ranks 2    one rank's share of the job on 2 MPI ranks: its
+                                                       all_reduce nodes and where each bucket starts and waits"""
 
 
 def _ir(lowered, args) -> str:
@@ -45,6 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--after", metavar="PASS", help="with --ir: only the program after this pass")
     p.add_argument("--device", choices=["auto", *device_names()], default="auto", help="target (default: auto)")
     p.add_argument("--arch", metavar="sm_XX", help="GPU architecture for --code with --device gpu")
+    p.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="show one rank's share of the jobs when run on N MPI ranks (default 1: one process)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,8 +58,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--after goes with --ir")
     if args.after and args.after not in pass_names():
         raise CliError(f"unknown pass {args.after!r}; the passes are: {', '.join(pass_names())}")
+    if args.ranks < 1:
+        raise CliError(f"--ranks must be 1 or more, got {args.ranks}")
     outputs = []
-    for job in jobs_of(args.target):
+    jobs = jobs_of(args.target)
+    if args.ranks > 1:
+        from flowc.runtime.distributed import trace_as_ranks
+        from flowc.runtime.session import default_session
+        trace_as_ranks(default_session(), args.ranks)
+    for job in jobs:
         lowered = job.lower(device=None if args.device == "auto" else args.device)
         try:
             outputs.append(MODES[mode](lowered, args))

@@ -1,0 +1,41 @@
+// The collectives a generated step calls, behind a table of function pointers.
+//
+// A data-parallel step (compiler/passes/data_parallel.py) all-reduces its gradients in buckets:
+// it starts a bucket as soon as the kernel that writes the bucket's last gradient has run, pokes
+// the engine between the kernels that follow (so a non-blocking collective progresses while the
+// backward pass computes), and waits for the bucket before the first kernel that reads a reduced
+// gradient.  The step does not know which engine does the work: the runtime hands it this table,
+// filled by the MPI library (flowc_comm_mpi.c, runtime/collectives.py); a GPU step gets the same
+// calls from NCCL.  Each call returns 0 or a flowc error code (FLOWC_COMM_ERROR_FAILED, FLOWC_COMM_ERROR_TIMEOUT).
+#pragma once
+#include <stdint.h>
+
+#define FLOWC_COMM_ERROR_FAILED 900001      // the engine reported an error
+#define FLOWC_COMM_ERROR_TIMEOUT 900002     // a peer did not take part within the timeout (lost?)
+
+extern "C" {
+struct flowc_comm {
+  void* ctx;
+  // Copy `count` gradients (grads[i] of sizes[i] floats) into bucket `bucket` and start summing it
+  // over every rank.
+  int (*start)(void* ctx, int bucket, int count, const float* const* grads, const int64_t* sizes);
+  // Let the engine move the buckets in flight along; never blocks.
+  int (*progress)(void* ctx);
+  // Wait until bucket `bucket` holds the sums (a timeout is FLOWC_COMM_ERROR_TIMEOUT).
+  int (*wait)(void* ctx, int bucket);
+  // The sums of bucket `bucket`, the gradients one after the other, after its wait.
+  const float* (*data)(void* ctx, int bucket);
+};
+}
+
+namespace flowc {
+// A reduced gradient into its own buffer, scaled (1/ranks for a mean): at the position of the
+// gradient's all_reduce in the schedule, so the memory plan's lifetimes hold.
+inline void comm_unpack(const float* sums, float* out, int64_t n, float scale) {
+  if (scale == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) out[i] = sums[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = sums[i] * scale;
+  }
+}
+}  // namespace flowc

@@ -1,0 +1,128 @@
+/* The MPI engine behind flowc_comm.h: non-blocking all-reduce of gradient buckets.
+ *
+ * Built once per MPI installation with that installation's compiler wrapper (mpicc), loaded by
+ * runtime/collectives.py after mpi4py has initialised MPI, and driven by the generated step through
+ * the function table `flowc_comm_fill` writes.  The communicator it is given is the runtime's own
+ * duplicate of the world (runtime/collectives.py), so a user's MPI traffic never matches its messages;
+ * every step of a session starts its buckets in the same order on every rank, as MPI requires.
+ *
+ * A wait never blocks forever: it polls its request until `timeout_seconds` have passed and then
+ * reports FLOWC_COMM_ERROR_TIMEOUT, which the runtime turns into an error naming the ranks that did not
+ * answer; a rank that died mid-step would otherwise hang every other rank inside MPI_Wait.
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FLOWC_COMM_ERROR_FAILED 900001
+#define FLOWC_COMM_ERROR_TIMEOUT 900002
+
+typedef struct {
+  float* data;
+  int64_t capacity;    /* floats */
+  int64_t length;      /* floats of the reduction in flight */
+  MPI_Request request;
+} bucket_t;
+
+typedef struct {
+  MPI_Comm comm;
+  int buckets;
+  bucket_t* bucket;
+  double timeout_seconds;
+  double waited_seconds;   /* summed over every wait: the communication a step did not hide */
+} flowc_mpi_t;
+
+struct flowc_comm {
+  void* ctx;
+  int (*start)(void*, int, int, const float* const*, const int64_t*);
+  int (*progress)(void*);
+  int (*wait)(void*, int);
+  const float* (*data)(void*, int);
+};
+
+static int comm_start(void* opaque, int b, int count, const float* const* grads, const int64_t* sizes) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
+  bucket_t* k = &c->bucket[b];
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += sizes[i];
+  if (total > k->capacity) {
+    float* grown = (float*)realloc(k->data, (size_t)total * sizeof(float));
+    if (!grown) return FLOWC_COMM_ERROR_FAILED;
+    k->data = grown;
+    k->capacity = total;
+  }
+  int64_t at = 0;
+  for (int i = 0; i < count; ++i) {
+    memcpy(k->data + at, grads[i], (size_t)sizes[i] * sizeof(float));
+    at += sizes[i];
+  }
+  if (total > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
+  k->length = total;
+  return MPI_Iallreduce(MPI_IN_PLACE, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request)
+         == MPI_SUCCESS ? 0 : FLOWC_COMM_ERROR_FAILED;
+}
+
+static int comm_progress(void* opaque) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  for (int b = 0; b < c->buckets; ++b) {
+    if (c->bucket[b].request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    if (MPI_Test(&c->bucket[b].request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
+  }
+  return 0;
+}
+
+static int comm_wait(void* opaque, int b) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
+  bucket_t* k = &c->bucket[b];
+  const double begin = MPI_Wtime();
+  int done = 0;
+  while (!done) {
+    if (MPI_Test(&k->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
+    if (!done && c->timeout_seconds > 0 && MPI_Wtime() - begin > c->timeout_seconds) {
+      c->waited_seconds += MPI_Wtime() - begin;
+      return FLOWC_COMM_ERROR_TIMEOUT;
+    }
+  }
+  c->waited_seconds += MPI_Wtime() - begin;
+  return 0;
+}
+
+static const float* comm_data(void* opaque, int b) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  return c->bucket[b].data;
+}
+
+/* `comm_handle` points at an MPI_Comm (mpi4py: MPI._addressof(comm)), which must outlive the engine. */
+void* flowc_comm_open(const void* comm_handle, int buckets, double timeout_seconds) {
+  flowc_mpi_t* c = (flowc_mpi_t*)calloc(1, sizeof(flowc_mpi_t));
+  if (!c) return NULL;
+  c->comm = *(const MPI_Comm*)comm_handle;
+  c->buckets = buckets;
+  c->bucket = (bucket_t*)calloc(buckets > 0 ? (size_t)buckets : 1, sizeof(bucket_t));
+  for (int b = 0; b < buckets; ++b) c->bucket[b].request = MPI_REQUEST_NULL;
+  c->timeout_seconds = timeout_seconds;
+  return c;
+}
+
+void flowc_comm_fill(void* opaque, struct flowc_comm* table) {
+  table->ctx = opaque;
+  table->start = comm_start;
+  table->progress = comm_progress;
+  table->wait = comm_wait;
+  table->data = comm_data;
+}
+
+double flowc_comm_waited_seconds(void* opaque) { return ((flowc_mpi_t*)opaque)->waited_seconds; }
+
+/* Frees the buckets; a request still in flight (a step that failed) is left to MPI_Finalize. */
+void flowc_comm_close(void* opaque) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  if (!c) return;
+  for (int b = 0; b < c->buckets; ++b) free(c->bucket[b].data);
+  free(c->bucket);
+  free(c);
+}

@@ -1,0 +1,90 @@
+"""Where a data-parallel step starts and awaits each bucket of its gradient all-reduces.
+
+The data-parallel pass (compiler/passes/data_parallel.py) gives every `all_reduce` node the most
+a bucket may hold (`flow.config.collective_boxing.nccl_fusion_threshold_mb`).  Given the kernel
+schedule, the sums go into buckets in the order their values are written.  A bucket starts right
+after the kernel that writes the last of its values; the step pokes the engine after each later
+kernel while buckets are in flight (a non-blocking collective moves only when the engine is
+called); the bucket is awaited at its first all_reduce kernel, after the rest of the backward
+pass, and each all_reduce kernel then copies its reduced value out.  Both backends use this plan,
+and `flowc show --kernels` prints it.
+
+Example::
+
+    >>> for bucket in plan_buckets(graph, kernels):          # doctest: +SKIP
+    ...     print(bucket.index, bucket.start_after, bucket.wait_at)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowc.compiler.ir import Graph
+from flowc.compiler.ops import OPS
+from flowc.compiler.program import Kernel
+
+# Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
+COMM_FAILED = 900001
+COMM_TIMEOUT = 900002
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    members: tuple[int, ...]     # all_reduce node ids, in the order their gradients lie in the bucket
+    sizes: tuple[int, ...]       # elements of each
+    start_after: int             # the kernel after which it starts (-1: before the first kernel)
+    wait_at: int                 # the kernel before which it is awaited: its first all_reduce kernel
+
+    def offset(self, member: int) -> int:
+        """Where `member`'s sums start in the bucket, in elements."""
+        i = self.members.index(member)
+        return sum(self.sizes[:i])
+
+
+def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
+    """The buckets of `graph`'s all_reduce nodes under the schedule `kernels` (empty: none).
+
+    Sums go into buckets in the order their values are written; a bucket closes before a value that
+    would take it past its `bucket_bytes`, that is written after some member must already be awaited
+    (a sum the forward pass reads, or an update the schedule runs early), or that must be awaited
+    before the bucket's last value is written."""
+    position = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
+    roots: dict[int, int] = {}        # a view (reshape) -> the node whose buffer it shares
+    for n in graph.nodes:
+        if OPS[n.op].kind == "view":
+            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
+
+    def written_at(node_id: int) -> int:
+        source = graph.node(node_id).inputs[0]
+        return position.get(roots.get(source, source), -1)
+    sums = sorted((n.id for n in graph.nodes if OPS[n.op].kind == "collective"),
+                  key=lambda m: (written_at(m), position[m]))
+    groups: list[list[int]] = []
+    for m in sums:
+        current = groups[-1] if groups else None
+        if current is None or \
+                4 * (sum(graph.node(c).type.size for c in current) + graph.node(m).type.size) > \
+                graph.node(m).attr("bucket_bytes") or \
+                written_at(m) >= min(position[c] for c in current) or \
+                position[m] <= max(written_at(c) for c in current):
+            groups.append([m])
+        else:
+            current.append(m)
+    plan = []
+    for index, members in enumerate(groups):
+        start_after = max(written_at(m) for m in members)
+        wait_at = min(position[m] for m in members)
+        assert wait_at > start_after, (index, members)
+        plan.append(Bucket(index, tuple(members), tuple(graph.node(m).type.size for m in members),
+                           start_after, wait_at))
+    return plan
+
+
+def describe(plan: list[Bucket], kernels: list[Kernel]) -> list[str]:
+    """One line per bucket: its gradients, bytes, and the kernels it starts after and is awaited at."""
+    lines = []
+    for b in plan:
+        after = kernels[b.start_after].name if b.start_after >= 0 else "the step's start"
+        lines.append(f"bucket {b.index}: {len(b.members)} gradients, {4 * sum(b.sizes)} B; starts after "
+                     f"#{b.start_after} {after}, awaited before #{b.wait_at} {kernels[b.wait_at].name}")
+    return lines

@@ -1,0 +1,341 @@
+"""Data parallelism in OneFlow's consistent view: one logical job, its batch split over the ranks.
+
+The job is traced as the user wrote it, for the logical (global) batch.  This pass decides how
+each value lies across the ranks, as OneFlow's SBP signatures do:
+
+* `split`: each rank holds a contiguous slice along axis 0 (placeholders, and what is computed
+  from them row by row: activations, per-example losses, their gradients);
+* `broadcast`: each rank holds the whole value (variables, constants, runtime scalars);
+* `partial_sum`: each rank holds a part and the logical value is their sum (a reduction over the
+  batch axis, a weight gradient: dW = dyᵀ·x contracts the batch).
+
+Wherever an op cannot take a partial value as it is (anything not linear in it: the optimizer
+update, a sqrt of a mean), an `all_reduce` is inserted before it: that is the gradient all-reduce
+of data parallelism, and, inside the forward pass, what makes a statistic over the batch global.
+Every all_reduce carries `bucket_bytes`, the most its bucket may hold: the code generator groups
+the sums into buckets once the kernels are scheduled (compiler/codegen/collectives.py).  Then
+the graph is rebuilt for one rank: each split value's axis 0 becomes its
+share (shape attributes of placeholders, reshapes, fills), and the types are inferred again.
+Constants in the graph keep their global meaning: a mean over the batch divides by the global
+batch, so the partial sums of the ranks add up to the logical value exactly (OneFlow divides the
+loss's gradient by the global instance count the same way).
+
+An op this pass cannot place (a max over the batch axis, a sparse embedding update) is an error
+naming the op and its line: results never silently differ from the one-process job.
+
+Example::
+
+    >>> local, layouts = distribute(graph, ranks=2, bucket_bytes=16 << 20)   # doctest: +SKIP
+    >>> layouts.outputs          # how the runtime puts each result together
+    ['partial_sum', 'split']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from flowc.compiler.errors import TraceError
+from flowc.compiler.ir import Graph, GraphBuilder, Node
+from flowc.compiler.ops import OPS, ShapeError
+
+Layout = Literal["split", "broadcast", "partial_sum"]
+# OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
+DEFAULT_BUCKET_BYTES = 16 << 20
+SPLIT, BROADCAST, PARTIAL = "split", "broadcast", "partial_sum"
+
+# Ops linear in every operand that is partial, given the others are broadcast (or, for add and
+# subtract, partial too): a partial value passes through them without a sum.
+LINEAR_IN_ALL = {"add", "subtract", "negative", "snapshot", "reshape", "device_copy", "reduce_sum",
+                 "broadcast_to", "transpose"}
+LINEAR_IN_FIRST = {"multiply", "divide", "cast"}      # multiply: either operand, the other broadcast
+# Ops whose result sums over the batch rows of their split operands: the result is partial.
+BATCH_CONTRACTIONS = {"conv2d_grad_filter", "layer_norm_gamma_grad", "batch_norm_grad_sums"}
+# Ops that need the whole batch, and what it would take.
+NOT_SPLITTABLE = {
+    "reduce_max": "a maximum over the batch axis", "reduce_min": "a minimum over the batch axis",
+    "reduce_prod": "a product over the batch axis",
+    "batch_norm_stats": "batch statistics (synchronised batch norm)",
+    "unique_indices": "a sparse (indexed-slices) update", "indexed_slices_reduce_sum": "a sparse update",
+    "gather_rows": "a sparse update", "scatter_rows": "a sparse update",
+}
+# Attributes that hold the shape of a split result (their axis 0 shrinks to one rank's share).
+SHAPE_ATTRS = {**{op: ("shape",) for op in ("input", "reshape", "constant", "broadcast_to", "dropout_mask",
+                                           "random_uniform", "strided_slice", "slice_update")},
+               "gather_grad": ("params_shape",)}
+FILL_OPS = {"constant", "broadcast_to", "dropout_mask", "random_uniform"}   # each rank can make its share
+WINDOW_AXIS_OPS = {"concat", "slice_axis"}            # an `axis` attribute: split unless it is 0
+STRIDED_OPS = {"strided_slice", "slice_update"}        # start/step/shape per axis
+
+
+@dataclass
+class Distribution:
+    """What the pass decided: each original node's layout, and each output's (for the runtime).
+    `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank."""
+    layouts: dict[int, str]
+    outputs: list[str]
+    mirrored: bool = False
+
+    def format(self, graph: Graph) -> str:
+        return "\n".join(f"%{n.id} {n.op}: {self.layouts[n.id]}" for n in graph.nodes)
+
+
+def _error(node: Node, why: str) -> TraceError:
+    return TraceError(f"{node.loc}: {node.op} in a data-parallel job: {why}; flowc cannot split it over the ranks "
+                      "(run this job in one process, or compute it outside the job)")
+
+
+class _Layouts:
+    """The layout rules, one method per kind of op, over the logical graph."""
+
+    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False) -> None:
+        self.graph, self.ranks, self.mirrored = graph, ranks, mirrored
+        self.layout: dict[int, str] = {}
+        self.position = {n.id: k for k, n in enumerate(graph.nodes)}
+        self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
+
+    def of(self, i: int) -> str:
+        return self.layout[i]
+
+    def run(self) -> dict[int, str]:
+        for n in self.graph.nodes:
+            try:
+                self.layout[n.id] = self._decide(n)
+            except TraceError:
+                if not self.mirrored:
+                    raise
+                # Mirrored: every rank computes its own batch whole; nothing is split, nothing refused.
+                self.layout[n.id] = SPLIT
+        return self.layout
+
+    def _reduce_partials(self, n: Node) -> None:
+        for i in n.inputs:
+            if self.of(i) == PARTIAL:
+                self.reduced.add((n.id, i))
+
+    def _effective(self, n: Node, i: int) -> str:
+        return BROADCAST if (n.id, i) in self.reduced else self.of(i)
+
+    def _decide(self, n: Node) -> str:
+        rule = OPS[n.op]
+        if n.op == "input":
+            if not n.type.shape or n.type.shape[0] % self.ranks:
+                raise TraceError(f"{n.loc}: placeholder {n.name or n.attr('index')!r} of shape {list(n.type.shape)}: "
+                                 f"its batch axis (axis 0) must be a multiple of the {self.ranks} ranks the job is "
+                                 "split over")
+            return SPLIT
+        if rule.kind == "source" or not n.inputs:
+            return BROADCAST
+        if n.op in NOT_SPLITTABLE and any(self.of(i) != BROADCAST for i in n.inputs):
+            raise _error(n, f"it computes {NOT_SPLITTABLE[n.op]}")
+        kinds = {self.of(i) for i in n.inputs}
+        if kinds == {BROADCAST}:
+            return BROADCAST
+        if PARTIAL in kinds:
+            passed = self._partial(n)
+            if passed is not None:
+                return passed
+            self._reduce_partials(n)
+            kinds = {self._effective(n, i) for i in n.inputs}
+            if kinds == {BROADCAST}:
+                return BROADCAST
+        self._split_fills(n)
+        return self._split(n)
+
+    def _split_fills(self, n: Node) -> None:
+        """A whole value with the batch's extent read next to split values is a fill (a loss
+        gradient's seed, a broadcast_to of a bias gradient to the batch): each rank makes its own
+        share of it instead.  Any other such value is left for `_split` to refuse."""
+        split = [i for i in n.inputs if self._effective(n, i) == SPLIT]
+        extents = {self.graph.node(i).type.shape[0] for i in split if self.graph.node(i).type.shape}
+        for i in n.inputs:
+            shape = self.graph.node(i).type.shape
+            if self._effective(n, i) != BROADCAST or not shape or shape[0] <= 1 or shape[0] not in extents:
+                continue
+            if OPS[n.op].kind == "pointwise" and len(shape) != len(n.type.shape):
+                continue        # right-aligned: its axis 0 is not the batch axis
+            if self._fill(i):
+                changed: set[int] = set()
+                self._relabel(i, changed)
+                self._refresh(changed, n)
+
+    def _refresh(self, changed: set[int], upto: Node) -> None:
+        """Decide again the nodes before `upto` that read a relabelled value (they were decided with
+        it whole)."""
+        start = min(self.position[i] for i in changed)
+        for m in self.graph.nodes[start + 1:self.position[upto.id]]:
+            if m.id in changed or not any(i in changed for i in m.inputs):
+                continue
+            before = self.layout[m.id]
+            after = self._decide(m)
+            if after != before:
+                self.layout[m.id] = after
+                changed.add(m.id)
+
+    def _fill(self, i: int) -> bool:
+        """Is `i` computed from constants and runtime scalars only, with its batch axis made by a
+        fill op (so that each rank can compute its share)?"""
+        node = self.graph.node(i)
+        if node.op in FILL_OPS:
+            return node.op != "broadcast_to" or self._not_batch_shaped(node.inputs[0], node.type.shape)
+        if OPS[node.op].kind != "pointwise" or node.op == "transpose":
+            return False
+        return all(self._not_batch_shaped(x, node.type.shape) or self._fill(x) for x in node.inputs)
+
+    def _not_batch_shaped(self, i: int, out: tuple[int, ...]) -> bool:
+        shape = self.graph.node(i).type.shape
+        return len(shape) < len(out) or not shape or shape[0] == 1
+
+    def _relabel(self, i: int, changed: set[int]) -> None:
+        node = self.graph.node(i)
+        if self.layout[i] == SPLIT:
+            return
+        if node.type.shape[0] % self.ranks:
+            raise _error(node, f"its batch axis {node.type.shape[0]} does not divide over {self.ranks} ranks")
+        self.layout[i] = SPLIT
+        changed.add(i)
+        if node.op not in FILL_OPS:
+            for x in node.inputs:
+                if not self._not_batch_shaped(x, node.type.shape):
+                    self._relabel(x, changed)
+
+    def _partial(self, n: Node) -> str | None:
+        """The layout of `n` when a partial operand passes through it, else None."""
+        layouts = [self.of(i) for i in n.inputs]
+        if n.op in LINEAR_IN_ALL:
+            if all(x == PARTIAL for x in layouts):
+                return PARTIAL
+            return None
+        if n.op in LINEAR_IN_FIRST:
+            if n.op == "multiply" and sorted(layouts) == [BROADCAST, PARTIAL]:
+                return PARTIAL
+            if layouts[0] == PARTIAL and all(x == BROADCAST for x in layouts[1:]):
+                return PARTIAL
+        return None
+
+    def _split(self, n: Node) -> str:
+        """`n` reads split values (and broadcast ones): split, partial, or an error."""
+        g = self.graph
+        split = [i for i in n.inputs if self._effective(n, i) == SPLIT]
+        out = n.type.shape
+        if n.op in BATCH_CONTRACTIONS:
+            return PARTIAL
+        if n.op == "matmul":
+            return self._matmul(n)
+        if OPS[n.op].kind == "reduction":      # reduce_sum; the others need the whole batch (NOT_SPLITTABLE)
+            if 0 in tuple(n.attr("axes")):
+                return PARTIAL
+            return SPLIT
+        if n.op == "transpose" and tuple(n.attr("perm"))[0] != 0:
+            raise _error(n, "it moves the batch axis away from axis 0")
+        if n.op in WINDOW_AXIS_OPS and n.attr("axis") % max(len(out), 1) == 0:
+            raise _error(n, "it concatenates or slices along the batch axis")
+        if n.op in STRIDED_OPS:
+            x = g.node(n.inputs[0]).type.shape
+            if tuple(n.attr("start"))[0] != 0 or tuple(n.attr("step"))[0] != 1 or tuple(n.attr("shape"))[0] != x[0]:
+                raise _error(n, "it slices the batch axis")
+        if n.op in ("gather", "gather_grad"):
+            return self._gather(n)
+        if not out or out[0] % self.ranks:
+            raise _error(n, f"its result {list(out)} has no batch axis that divides over {self.ranks} ranks")
+        if n.op == "reshape":
+            return SPLIT          # a split is a contiguous range of the flat value: any reshape keeps it
+        for i in split:
+            shape = g.node(i).type.shape
+            if OPS[n.op].kind == "pointwise" and (len(shape) != len(out) or shape[0] != out[0]):
+                raise _error(n, f"it broadcasts a value split over the batch ({list(shape)}) to {list(out)}")
+        for i in n.inputs:
+            if self._effective(n, i) == BROADCAST and OPS[n.op].kind == "pointwise" and split:
+                shape = g.node(i).type.shape
+                if len(shape) == len(out) and shape[0] == out[0] and out[0] > 1:
+                    raise _error(n, f"it combines a whole value of shape {list(shape)} with one split over the "
+                                    "batch row by row")
+        return SPLIT
+
+    def _gather(self, n: Node) -> str:
+        """A gather per example (batch_dims >= 1: BERT's masked positions) stays split, and so does its
+        gradient; a lookup in a whole table (an embedding) is split like its indices, and its gradient
+        sums the batch's rows into the table: partial."""
+        per_example = n.attr("batch_dims") >= 1
+        if n.op == "gather_grad":
+            return SPLIT if per_example else PARTIAL
+        params, indices = (self._effective(n, i) for i in n.inputs)
+        if per_example and params == indices == SPLIT:
+            return SPLIT
+        if not per_example and params == BROADCAST and indices == SPLIT:
+            return SPLIT
+        raise _error(n, f"it gathers from a {params} value with {indices} indices (batch_dims="
+                        f"{n.attr('batch_dims')})")
+
+    def _matmul(self, n: Node) -> str:
+        a, b = (self._effective(n, i) for i in n.inputs)
+        ta, tb = n.attr("transpose_a"), n.attr("transpose_b")
+        rank = len(n.type.shape)
+        if rank > 2:
+            if a == b == SPLIT:
+                return SPLIT
+        elif a == SPLIT and b == BROADCAST and not ta:
+            return SPLIT
+        elif a == SPLIT and b == SPLIT and ta and not tb:
+            return PARTIAL
+        raise _error(n, f"its operands are {a} and {b} (transpose_a={ta}, transpose_b={tb})")
+
+
+def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = False) -> tuple[Graph, Distribution]:
+    """`graph` for one of `ranks` ranks, with its all_reduce nodes; and the layouts decided.
+
+    `mirrored` (OneFlow's mirrored view): `graph` already is one rank's job (its placeholders are
+    each device's own batch), so no shape changes; the gradients are averaged over the ranks (an
+    all_reduce scaled by 1/ranks before each update: each rank's loss is the mean over its own
+    batch) and nothing in the forward pass is summed."""
+    if ranks < 2:
+        raise ValueError(f"distribute: ranks must be >= 2, got {ranks}")
+    rules = _Layouts(graph, ranks, mirrored)
+    layout = rules.run()
+    scale = 1.0
+    if mirrored:
+        # only the gradients, where the update reads them: each rank's own forward and backward stand
+        rules.reduced = {(c, i) for c, i in rules.reduced if graph.node(c).role == "update"}
+        layout = {n: (BROADCAST if kind == PARTIAL else kind) for n, kind in layout.items()}
+        scale = 1.0 / ranks
+    for var, value in graph.assigns.items():
+        if layout[value] == SPLIT and not mirrored:
+            raise _error(graph.node(value), f"variable {var!r} would be assigned a value split over the batch")
+    partial_roots = {value for value in graph.assigns.values() if layout[value] == PARTIAL}
+    builder = GraphBuilder()
+    new_id: dict[int, int] = {}
+    reduced: dict[int, int] = {}          # original operand -> its all_reduce (one per value)
+
+    def summed(i: int, where: Node) -> int:
+        if i not in reduced:
+            attrs = {"ranks": ranks, "scale": scale, "bucket_bytes": bucket_bytes}
+            reduced[i] = builder.add("all_reduce", [new_id[i]], attrs,
+                                     loc=graph.node(i).loc, role=where.role,
+                                     device=graph.node(i).type.device)
+        return reduced[i]
+
+    for n in graph.nodes:
+        inputs = [summed(i, n) if (n.id, i) in rules.reduced else new_id[i] for i in n.inputs]
+        attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], ranks)
+        try:
+            new_id[n.id] = builder.add(n.op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
+        except ShapeError as err:
+            raise _error(n, f"its attributes fix the batch size ({err})") from None
+    assigns = {}
+    for var, value in graph.assigns.items():
+        assigns[var] = summed(value, graph.node(value)) if value in partial_roots else new_id[value]
+    local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, dict(graph.variables),
+                  dict(graph.scalars), [new_id[p] for p in graph.placeholders])
+    local.verify()
+    outputs = [layout[o] for o in graph.outputs]
+    return local, Distribution(layout, outputs, mirrored)
+
+
+def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
+    attrs = n.attr_dict
+    if layout != SPLIT:
+        return attrs
+    for key in SHAPE_ATTRS.get(n.op, ()):
+        shape = list(attrs[key])
+        shape[0] //= ranks
+        attrs[key] = tuple(shape)
+    return attrs

@@ -1,0 +1,376 @@
+"""A session over several MPI ranks: the master runs the script, the others compute.
+
+OneFlow's model: the same script runs on every machine; machine 0 (the master) builds the jobs,
+takes the calls, prints, returns results, fires callbacks and saves checkpoints, and the others
+only compute.  flowc keeps it literally.  Every rank traces and compiles the same jobs (each its
+share of the batch: compiler/passes/data_parallel.py).  At its first job call a worker stops
+running the script and serves the master instead: for each call the master sends every worker its
+share of the inputs and the step's runtime scalars, all ranks run the compiled step (whose
+gradient all-reduces meet inside it, runtime/collectives.py), and the workers send their results
+back; the master puts each result together as its layout says (a split result is concatenated in
+rank order, a partial sum added up) and returns the logical value.  When the master's script ends
+it tells the workers to exit.
+
+Messages travel on a duplicate of MPI's world communicator (pickled, small), the sums inside the
+steps on another, so the two never match each other's messages.
+
+Example (run as `mpiexec -n 2 python train.py`; nothing in the script changes)::
+
+    loss = train_job(images, labels)     # rank 0: the loss of the global batch; rank 1 never returns
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from flowc.compiler.errors import DistributedError
+from flowc.compiler.fingerprint import first_difference, locations, signature
+from flowc.compiler.ir import numpy_dtype
+from flowc.runtime.collectives import CommEngine
+from flowc.runtime.loaded_step import LoadedStep
+from flowc.runtime.signature import PerRank
+from flowc.runtime.world import World, detect_world
+
+# How often a rank looks whether the other ranks on its host are still alive.
+WATCH_SECONDS = 0.2
+# The tag of raw array messages (inputs' shares, results) after their pickled header.
+DATA_TAG = 7
+
+if TYPE_CHECKING:
+    from flowc.compiler.build import TracedJob
+    from flowc.runtime.session import Session
+
+
+class Cluster:
+    """The ranks of a distributed session: the control channel and the steps' engines."""
+
+    def __init__(self, world: World) -> None:
+        from mpi4py import MPI
+        self.world = world
+        self.control = MPI.COMM_WORLD.Dup()        # master <-> worker messages
+        self.collective = MPI.COMM_WORLD.Dup()     # the compiled steps' all-reduces
+        self.engines: list[CommEngine] = []
+        self.variables_sent = False
+        self._closed = False
+        # (host, pid) of every rank, for the watchdog (a collective: every rank makes its cluster at once)
+        self.peers: list[tuple[str, int]] = self.control.allgather((socket.gethostname(), os.getpid()))
+        self.job = "the script"          # what this rank runs, for the watchdog's message
+        threading.Thread(target=self._watch, name="flowc-rank-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Stop this rank, naming the rank that was lost, when another rank on this host has died.
+
+        A rank that dies leaves the others waiting inside MPI for it.  `mpiexec` (MPICH's Hydra) kills
+        them at once, unless told not to (`-disable-auto-cleanup`, which `flowc launch` passes): then
+        this watchdog reports which rank is gone and ends this one within WATCH_SECONDS.  Ranks on
+        other hosts are found by the collectives' timeout (FLOWC_COMM_TIMEOUT) instead."""
+        host = socket.gethostname()
+        local = [(rank, pid) for rank, (h, pid) in enumerate(self.peers) if h == host and rank != self.world.rank]
+        while local and not self._closed:
+            time.sleep(WATCH_SECONDS)
+            lost = [(rank, pid) for rank, pid in local if not _alive(pid)]
+            if lost and not self._closed:
+                names = ", ".join(f"rank {rank} (pid {pid} on {host})" for rank, pid in lost)
+                role = "the master" if any(rank == 0 for rank, _ in lost) else "a worker"
+                sys.stderr.write(f"flowc: {names} was lost while running {self.job}: {role} stopped; rank "
+                                 f"{self.world.rank} stops too\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+    @property
+    def ranks(self) -> int:
+        return self.world.size
+
+    def engine(self, buckets: int) -> CommEngine:
+        """A new engine for a loaded step with `buckets` buckets."""
+        engine = CommEngine(self.collective, max(buckets, 1))
+        self.engines.append(engine)
+        return engine
+
+    def waited_seconds(self) -> float:
+        """Seconds this rank's steps spent waiting for gradient sums, over every step so far."""
+        return sum(e.waited_seconds() for e in self.engines)
+
+    # -- the master's side ------------------------------------------------------------------
+    def send_variables(self, session: Session) -> None:
+        """Every variable's value to every worker (before the first step: the master may have loaded
+        a checkpoint or set values the workers' initializers did not make)."""
+        values = {name: session.value(name) for name in session.variables}
+        for rank in range(1, self.ranks):
+            self.control.send(("variables", values), dest=rank)
+        self.variables_sent = True
+
+    def session_cleared(self) -> None:
+        """The master's script cleared its session: the workers clear theirs (same jobs, new variables)."""
+        if self.world.is_master:
+            for rank in range(1, self.ranks):
+                self.control.send(("clear",), dest=rank)
+        self.variables_sent = False
+
+    def shutdown(self) -> None:
+        """Tell the workers to exit (the master's script has ended), once the calls in flight are done."""
+        if self._closed or not self.world.is_master:
+            return
+        self._closed = True
+        from flowc.runtime.session import default_session
+        session = default_session()
+        if session.cluster is self:
+            try:
+                session.sync("the end of the master's script")
+            except Exception as err:      # a failed call was the script's to report; the workers still exit
+                print(f"flowc: {err}", file=sys.stderr)
+        for rank in range(1, self.ranks):
+            self.control.send(("exit",), dest=rank)
+
+    # -- a worker's side ---------------------------------------------------------------------
+    def serve(self, session: Session) -> None:
+        """Run the master's steps until it says exit; then end this process (a worker never goes back
+        to the script: only the master prints, saves and fires callbacks)."""
+        served: dict[str, tuple[LoadedStep, list[np.ndarray]]] = {}     # job -> its step and input buffers
+        while True:
+            message = self.control.recv(source=0)
+            kind = message[0]
+            if kind == "exit":
+                break
+            if kind == "clear":               # the master cleared its session: a new one, on this cluster
+                from flowc.runtime.session import clear_default_session, default_session
+                clear_default_session()
+                session = default_session()
+                served.clear()
+                continue
+            if kind == "variables":
+                for name, value in message[1].items():
+                    if name in session.variables:
+                        np.copyto(session.value(name), value)
+                continue
+            _, job_name, scalars, expected = message
+            self.job = f"job {job_name!r}"
+            try:
+                loaded, inputs = served.get(job_name) or self._loaded(session, job_name)
+            except Exception as err:        # the master raises it, naming this rank
+                self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
+                continue
+            if expected is not None:     # the job's first step: do both ranks run the same graph?
+                mismatch = _compare(expected, loaded.graph, self.world.rank)
+                self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
+                if mismatch:
+                    continue
+                served[job_name] = (loaded, inputs)
+            for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
+                self.control.Recv(buffer, source=0, tag=DATA_TAG)
+            try:
+                loaded.feed(loaded.slots[0], inputs, scalars)
+                outputs = loaded.compute(loaded.slots[0])
+            except Exception as err:
+                self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
+                continue
+            self.control.send(("ok", None), dest=0)
+            for value in outputs:
+                self.control.Send(np.ascontiguousarray(value), dest=0, tag=DATA_TAG)
+        for engine in self.engines:
+            engine.close()
+        sys.stdout.flush()
+        sys.exit(0)
+
+    def _loaded(self, session: Session, job_name: str) -> tuple[LoadedStep, list[np.ndarray]]:
+        """The step of `job_name` on this worker (built at its first step) and buffers for its inputs."""
+        from flowc.runtime.job import job_function_named
+        job = session.job_named(job_name) or job_function_named(job_name)
+        if job is None:
+            raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
+                                   "function before the first job call, the same on every rank")
+        loaded = job._ensure_ready().loaded
+        loaded = loaded.inner if isinstance(loaded, DistributedStep) else loaded
+        return loaded, _buffers(loaded.graph, loaded.graph.placeholders)
+
+
+def _compare(expected: tuple[list[str], list[str]], graph, rank: int) -> str | None:
+    """None when `graph` has the master's signature, else what differs, naming the first op."""
+    theirs, their_locations = expected
+    mine, my_locations = signature(graph), locations(graph)
+    at = first_difference(theirs, mine)
+    if at is None:
+        return None
+
+    def show(lines: list[str], where: list[str]) -> str:
+        return f"{lines[at]} @ {where[at]}" if at < len(where) else (lines[at] if at < len(lines) else "nothing")
+    return (f"job {graph.name!r} differs between rank 0 and rank {rank} at op {at}: rank 0 has "
+            f"{show(theirs, their_locations)}, rank {rank} has {show(mine, my_locations)} (every rank must run the "
+            "same script)")
+
+
+class DistributedStep(LoadedStep):
+    """The master's view of a job over every rank: it feeds and computes like one step, taking the
+    logical (global) inputs and returning the logical results."""
+
+    def __init__(self, inner: LoadedStep, traced: TracedJob, cluster: Cluster, job_name: str) -> None:
+        assert traced.distribution is not None
+        self.inner, self.cluster, self.job_name = inner, cluster, job_name
+        self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
+        self.layouts = traced.distribution.outputs
+        self.mirrored = traced.distribution.mirrored
+        self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
+        self._agreed = False         # the workers confirmed they run the same graph (the first step)
+
+    def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None,
+             borrowed: bool = False) -> None:
+        """Keep the workers' shares of `arrays` (copies, in the inputs' dtypes, unless `borrowed`: a
+        synchronous call, whose caller cannot touch its arrays before the step is done) and feed this
+        rank's share to its own step."""
+        shards, kept = self._pending.get(id(slot), ([], {}))
+        if arrays:
+            ranks = self.cluster.ranks
+            graph = self.graph
+            typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
+                     for a, p in zip(arrays, graph.placeholders)]
+            self._check_labels(typed)
+            split = [np.split(a, ranks, axis=0) for a in typed]
+            shards = [[part if borrowed and part.flags.c_contiguous else np.array(part) for part in
+                       (parts[r] for parts in split)] for r in range(ranks)]
+            self.inner.feed(slot, shards[0], scalars)
+        elif scalars:
+            self.inner.feed(slot, (), scalars)
+        if scalars:
+            kept = {**kept, **scalars}
+        self._pending[id(slot)] = (shards, kept)
+
+    def _check_labels(self, inputs: list[np.ndarray]) -> None:
+        """Labels out of range fail here, for every rank's share at once: a rank that stopped at its own
+        check would leave the others waiting in the step's collectives (until FLOWC_COMM_TIMEOUT)."""
+        for check in self.compiled.generated.label_checks:
+            labels = inputs[check.input]
+            if labels.size and (labels.min() < 0 or labels.max() >= check.classes):
+                self.inner.raise_step_error(check.code)
+
+    def compute(self, slot: Any) -> list[np.ndarray]:
+        cluster = self.cluster
+        cluster.job = f"job {self.job_name!r}"
+        if not cluster.variables_sent:
+            cluster.send_variables(self.session)
+        shards, scalars = self._pending.pop(id(slot), ([], {}))
+        first = not self._agreed
+        expected = (signature(self.graph), locations(self.graph)) if first else None
+        for rank in range(1, cluster.ranks):
+            cluster.control.send(("step", self.job_name, scalars, expected), dest=rank)
+        if first:       # no rank may start the step's collectives before all agree on its graph
+            answers = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
+            mismatches = [text for status, text in answers if status == "mismatch"]
+            failed = [f"rank {rank}: {text}" for rank, (status, text) in enumerate(answers, start=1)
+                      if status == "error"]
+            if mismatches or failed:
+                raise DistributedError("; ".join(mismatches + failed))
+            self._agreed = True
+        # Non-blocking: the master starts its own share at once instead of waiting, in a large message's
+        # rendezvous, for each worker to be ready to receive.
+        sends = [cluster.control.Isend(share, dest=rank, tag=DATA_TAG)
+                 for rank in range(1, cluster.ranks) for share in shards[rank]]
+        try:
+            local = self.inner.compute(slot)
+        finally:
+            MPI_Waitall(sends)
+            per_rank, failed = [], []
+            for rank in range(1, cluster.ranks):
+                status, text = cluster.control.recv(source=rank)
+                if status == "error":
+                    failed.append(f"rank {rank}: {text}")
+                    continue
+                outputs = _buffers(self.graph, self.graph.outputs)
+                for buffer in outputs:
+                    cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
+                per_rank.append(outputs)
+        if failed:
+            raise DistributedError("; ".join(failed))
+        return self._combine([local] + per_rank)
+
+    def _combine(self, per_rank: list[list[np.ndarray]]) -> list[Any]:
+        results: list[Any] = []
+        for i, layout in enumerate(self.layouts):
+            values = [outputs[i] for outputs in per_rank]
+            if self.mirrored:            # each rank's own result (a tp.ListNumpy gives the list)
+                results.append(PerRank(values))
+            elif layout == "split":
+                results.append(np.concatenate(values, axis=0))
+            elif layout == "partial_sum":
+                total = values[0].copy()
+                for v in values[1:]:          # rank order: the same sum in every run
+                    total += v
+                results.append(total)
+            else:
+                results.append(values[0])
+        return results
+
+    def compute_borrowed(self, slot: Any, arrays: Sequence[np.ndarray],
+                         scalars: dict[str, float] | None = None) -> list[np.ndarray]:
+        self.feed(slot, arrays, scalars, borrowed=True)
+        return self.compute(slot)
+
+    def profile(self) -> list[tuple[str, float]]:
+        return self.inner.profile()
+
+    def failed_value(self, node_id: int, slot: Any) -> np.ndarray:
+        return self.inner.failed_value(node_id, slot)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+def trace_as_ranks(session: Session, ranks: int) -> None:
+    """Trace `session`'s jobs as one of `ranks` ranks without MPI (`flowc show --ranks N`): the graphs,
+    kernels and code a distributed run would build; such a session cannot run them."""
+    if session.cluster is not None:
+        raise DistributedError("this session already runs on MPI ranks")
+    session.joined, session.ranks = True, ranks
+
+
+def join(session: Session) -> Cluster | None:
+    """The session's cluster when this process was launched as one of several MPI ranks (made at
+    the first job call, before any job is traced: their graphs depend on the number of ranks)."""
+    if session.joined:
+        return session.cluster
+    session.joined = True
+    world = detect_world()
+    if not world.is_distributed:
+        return None
+    cluster = Cluster(world)
+    session.cluster = cluster
+    session.ranks = world.size
+    if world.is_master:
+        atexit.register(cluster.shutdown)
+    return cluster
+
+
+def _alive(pid: int) -> bool:
+    """Is process `pid` running (not gone, not a zombie waiting to be reaped)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):       # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def MPI_Waitall(requests: list) -> None:     # noqa: N802 - MPI's name
+    """Wait for mpi4py requests (the shares' sends: their buffers must live until then)."""
+    if requests:
+        from mpi4py import MPI
+        MPI.Request.Waitall(requests)
+
+
+def _buffers(graph, node_ids) -> list[np.ndarray]:
+    """Empty arrays of the types of `node_ids` in `graph` (one rank's inputs or results)."""
+    return [np.empty(graph.node(i).type.shape, dtype=numpy_dtype(graph.node(i).type.dtype)) for i in node_ids]

@@ -1,0 +1,59 @@
+"""A mirrored-view test program: each device gets its own batch as one entry of a tp.ListNumpy, the
+gradients are averaged over the devices, and each device's results come back as a list.
+
+    python mirrored.py OUT.npz                  # one process, one device: the two batches concatenated
+    mpiexec -n 2 python mirrored.py OUT.npz     # two ranks, one batch each (mirrored view)
+
+The two launches train the same model: the mean gradient over both batches.
+"""
+import sys
+from typing import Tuple
+
+import numpy as np
+
+import flow
+import flow.typing as tp
+from flowc.runtime.world import detect_world
+
+OUT = sys.argv[1]
+PER_DEVICE = 16
+DEVICES = detect_world().size
+BATCH = PER_DEVICE if DEVICES > 1 else 2 * PER_DEVICE       # one process sees both batches at once
+
+config = flow.function_config()
+if DEVICES > 1:
+    config.default_logical_view(flow.scope.mirrored_view())
+
+
+def mlp(x):
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.dense(x, 32, activation=flow.nn.relu, kernel_initializer=init, name="hidden")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="output")
+
+
+@flow.global_function(type="train", function_config=config)
+def train_job(x: tp.ListNumpy.Placeholder((BATCH, 20), dtype=flow.float),
+              y: tp.ListNumpy.Placeholder((BATCH,), dtype=flow.int32)) -> Tuple[tp.ListNumpy, tp.ListNumpy]:
+    logits = mlp(x)
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
+    return loss, logits
+
+
+rng = np.random.default_rng(3)
+losses, logits = [], []
+for _ in range(4):
+    xs = [rng.standard_normal((PER_DEVICE, 20)).astype(np.float32) for _ in range(2)]
+    ys = [rng.integers(0, 10, PER_DEVICE).astype(np.int32) for _ in range(2)]
+    if DEVICES > 1:
+        loss, out = train_job(xs, ys)
+        assert isinstance(loss, list) and len(loss) == 2 and loss[0].shape == (PER_DEVICE,)
+        losses.append(np.concatenate(loss))
+        logits.append(np.concatenate(out))
+    else:
+        loss, out = train_job([np.concatenate(xs)], [np.concatenate(ys)])
+        losses.append(loss[0])
+        logits.append(out[0])
+values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
+np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), **{f"var:{k}": v for k, v in values.items()})
+print("mirrored: done", flush=True)

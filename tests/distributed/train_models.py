@@ -1,0 +1,109 @@
+"""A distributed-training test program: train MODEL for STEPS steps on a fixed global batch stream and
+save (rank 0) the results, the predict job's outputs and every variable to OUT.npz.
+
+    python train_models.py mlp 4 out.npz                 # one process
+    mpiexec -n 2 python train_models.py mlp 4 out.npz    # the same logical job over 2 ranks
+
+The script is the same in both runs, as in OneFlow: only the launch differs.  Options:
+    --load DIR / --save DIR   a checkpoint loaded before the first step / saved after the last
+    --skip N                  draw (and drop) the first N batches: continue a run that saved after N steps
+    --announce                each rank prints "pid RANK PID" before the first call; the steps then pause
+    --mismatch                rank 1 builds a wider hidden layer (a script that differs between ranks)
+    --bad-label               the last step's last label is out of range (it lies in rank 1's share)
+    --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
+"""
+import os
+import sys
+import time
+from typing import Tuple
+
+import numpy as np
+
+import flow
+import flow.typing as tp
+
+MODEL, STEPS, OUT = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+OPTIONS = sys.argv[4:]
+
+
+def option(name, default=None):
+    return OPTIONS[OPTIONS.index(name) + 1] if name in OPTIONS else default
+
+
+BATCH = 32
+RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+HIDDEN = 96 if "--mismatch" in OPTIONS and RANK == 1 else 64
+
+
+def mlp(x):
+    init = flow.truncated_normal(0.1)
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, HIDDEN, activation=flow.nn.relu, kernel_initializer=init, name="hidden")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="output")
+
+
+def lenet(x):
+    # the quick-start LeNet without its dropout (whose mask would differ between the two launches)
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.conv2d(x, 8, 5, padding="SAME", activation=flow.nn.relu, name="conv1", kernel_initializer=init)
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool1", data_format="NCHW")
+    x = flow.layers.conv2d(x, 16, 5, padding="SAME", activation=flow.nn.relu, name="conv2", kernel_initializer=init)
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool2", data_format="NCHW")
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 64, activation=flow.nn.relu, kernel_initializer=init, name="dense1")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
+
+
+NET = {"mlp": mlp, "lenet": lenet}[MODEL]
+
+
+@flow.global_function(type="train")
+def train_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
+              labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> tp.Numpy:
+    logits = NET(images)
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits, name="loss")
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.05]), momentum=0.9).minimize(loss)
+    return loss
+
+
+@flow.global_function(type="predict")
+def eval_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
+             labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy]:
+    logits = NET(images)
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    return logits, flow.math.reduce_mean(loss)
+
+
+def batch(rng):
+    return rng.standard_normal((BATCH, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, BATCH).astype(np.int32)
+
+
+rng = np.random.default_rng(7)
+for _ in range(int(option("--skip", 0))):
+    batch(rng)
+if option("--load"):
+    flow.load_variables(flow.checkpoint.get(option("--load")))
+if "--announce" in OPTIONS:
+    print(f"pid {RANK} {os.getpid()}", flush=True)
+losses = []
+for step in range(STEPS):
+    x, y = batch(rng)
+    if "--bad-label" in OPTIONS and step == STEPS - 1:
+        bad = y.copy()
+        bad[-1] = 10
+        try:
+            train_job(x, bad)
+        except flow.StepError as err:
+            print(f"refused: {err}", flush=True)
+    losses.append(train_job(x, y))
+    if option("--clear-after") and step + 1 == int(option("--clear-after")):
+        flow.clear_default_session()
+    if "--announce" in OPTIONS:
+        print(f"step {step}", flush=True)
+        time.sleep(0.5)
+logits, mean_loss = eval_job(x, y)
+if option("--save"):
+    flow.checkpoint.save(option("--save"))
+print(f"{MODEL}: losses {[round(float(v.mean()), 5) for v in losses]}", flush=True)
+values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
+np.savez(OUT, losses=np.stack(losses), logits=logits, mean_loss=mean_loss, **{f"var:{k}": v for k, v in values.items()})

@@ -1,0 +1,227 @@
+"""The data-parallel pass (compiler/passes/data_parallel.py) and the bucket plan, without MPI.
+
+A session told it runs on 2 ranks traces each job as one rank's share: these tests read the
+graphs, layouts, buckets and generated code.  tests/test_distributed_training.py runs the jobs on
+2 MPI processes and compares them with one process.
+"""
+# no `from __future__ import annotations`: the placeholders read `batch` from the enclosing function
+
+from typing import Tuple
+
+import numpy as np
+import pytest
+
+import flow
+import flow.typing as tp
+from flowc.compiler.codegen.collectives import plan_buckets
+from flowc.compiler.passes.data_parallel import distribute
+from flowc.runtime.session import default_session
+
+B = 8
+
+
+def on_ranks(ranks: int, bucket_bytes: int = 16 << 20) -> None:
+    session = default_session()
+    session.joined, session.ranks, session.bucket_bytes = True, ranks, bucket_bytes
+
+
+def mlp(x):
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 16, activation=flow.nn.relu, name="hidden")
+    return flow.layers.dense(x, 10, name="output")
+
+
+def train_job_of(net=mlp, batch=B):
+    @flow.global_function(type="train")
+    def train_job(images: tp.Numpy.Placeholder((batch, 1, 4, 4), dtype=flow.float),
+                  labels: tp.Numpy.Placeholder((batch,), dtype=flow.int32)) -> tp.Numpy:
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, net(images))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
+        return loss
+    return train_job
+
+
+def all_reduces(graph):
+    return [n for n in graph.nodes if n.op == "all_reduce"]
+
+
+def test_a_train_job_on_two_ranks_sums_each_gradient_once_and_holds_half_the_batch():
+    on_ranks(2)
+    job = train_job_of()
+    traced = job.graph
+    inputs = [traced.node(p).type.shape for p in traced.placeholders]
+    assert inputs == [(B // 2, 1, 4, 4), (B // 2,)]
+    sums = all_reduces(traced)
+    # one per trainable variable (weights and biases of both layers), each read by its update only
+    assert sorted(n.type.shape for n in sums) == sorted([(16, 16), (16,), (10, 16), (10,)])
+    assert all(n.attr("ranks") == 2 and n.attr("scale") == 1.0 and n.attr("bucket_bytes") == 16 << 20 for n in sums)
+    users = traced.consumers()
+    assert all({traced.node(c).role for c in users[n.id]} == {"update"} for n in sums)
+    assert job._traced.distribution.outputs == ["split"]          # the per-example loss
+    # the variables stay whole: every rank updates all of them
+    assert {v: t.shape for v, t in traced.variables.items()}["hidden-weight"] == (16, 16)
+
+
+def test_one_process_is_unchanged():
+    job = train_job_of()
+    assert all_reduces(job.graph) == [] and job._traced.distribution is None
+
+
+def test_a_mean_over_the_batch_is_a_partial_sum_and_per_example_results_are_split():
+    on_ranks(2)
+
+    @flow.global_function(type="predict")
+    def eval_job(images: tp.Numpy.Placeholder((B, 1, 4, 4), dtype=flow.float),
+                 labels: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        logits = mlp(images)
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+        return logits, flow.math.reduce_mean(loss), flow.math.reduce_sum(flow.math.square(logits), axis=1)
+
+    graph = eval_job.graph
+    assert eval_job._traced.distribution.outputs == ["split", "partial_sum", "split"]
+    assert all_reduces(graph) == []         # nothing to sum inside a predict step: the master adds up the parts
+    # the mean divides by the global batch on every rank, so the two halves add up to the mean
+    (divisor,) = [n for n in graph.nodes if n.op == "constant" and n.type.shape == ()
+                  and abs(n.attr("value") - 1 / B) < 1e-12]
+    assert divisor is not None
+
+
+def test_a_nonlinear_use_of_a_batch_statistic_is_summed_inside_the_forward_pass():
+    on_ranks(2)
+
+    @flow.global_function(type="predict")
+    def centred(x: tp.Numpy.Placeholder((B, 3), dtype=flow.float)) -> tp.Numpy:
+        mean = flow.math.reduce_mean(x, axis=0)
+        return flow.math.sqrt(flow.math.square(mean) + 1.0)      # not linear in the mean: needs the whole sum
+
+    sums = all_reduces(centred.graph)
+    assert len(sums) == 1 and sums[0].type.shape == (3,) and sums[0].role == "forward"
+    assert centred._traced.distribution.outputs == ["broadcast"]
+
+
+def test_buckets_close_at_the_threshold_and_start_after_their_last_gradient():
+    on_ranks(2, bucket_bytes=0)          # every gradient its own bucket
+    lowered = train_job_of().lower()
+    program = lowered.program
+    kernels = program.require_kernels()
+    plan = plan_buckets(program.graph, kernels)
+    assert len(plan) == 4 and [b.index for b in plan] == [0, 1, 2, 3]
+    owner = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
+    users = program.graph.consumers()
+    backward = [i for i, k in enumerate(kernels) if k.kind != "collective" and
+                all(program.graph.node(n).role == "backward" for n in k.nodes())]
+    for b in plan:
+        assert b.start_after < b.wait_at
+        assert kernels[b.wait_at].kind == "collective"
+        # awaited after every backward kernel: the sums overlap the rest of the backward pass
+        assert b.wait_at > max(backward)
+        # and before every kernel that reads a sum
+        assert all(owner[c] > b.wait_at for m in b.members for c in users[m])
+    text = lowered.kernels_text()
+    assert "all-reduce buckets (4):" in text and "awaited before" in text
+
+
+def test_gradients_share_a_bucket_under_the_threshold():
+    on_ranks(2)
+    graph = train_job_of().graph
+    assert {n.attr("bucket_bytes") for n in all_reduces(graph)} == {16 << 20}
+    lowered = train_job_of().lower()
+    assert len(plan_buckets(lowered.program.graph, lowered.program.require_kernels())) == 1
+
+
+def test_the_generated_step_starts_polls_and_waits_in_that_order():
+    on_ranks(2, bucket_bytes=0)
+    source = train_job_of().compile().source()
+    step = source[source.index('extern "C" int flowc_step'):]
+    start, poll, wait = (step.index(s) for s in ("comm->start(", "comm->progress(", "comm->wait("))
+    assert start < poll < wait
+    assert step.count("comm->start(") == step.count("comm->wait(") == 4
+    assert "#include \"flowc_comm.h\"" in source
+
+
+@pytest.mark.parametrize("batch", [3, 5])
+def test_a_batch_that_does_not_divide_over_the_ranks_is_named(batch):
+    on_ranks(2)
+    with pytest.raises(flow.TraceError, match=r"placeholder 'images'.*multiple of the 2 ranks"):
+        _ = train_job_of(batch=batch).graph
+
+
+def test_an_op_that_needs_the_whole_batch_is_refused_with_its_line():
+    on_ranks(2)
+
+    @flow.global_function(type="predict")
+    def peak(x: tp.Numpy.Placeholder((B, 3), dtype=flow.float)) -> tp.Numpy:
+        return flow.math.reduce_max(x, axis=0)
+
+    with pytest.raises(flow.TraceError, match=r"test_data_parallel_pass.py:\d+: reduce_max in a data-parallel job: "
+                                              r"it computes a maximum over the batch axis"):
+        _ = peak.graph
+
+
+def test_a_mirrored_job_keeps_each_ranks_batch_and_averages_the_gradients():
+    on_ranks(2)
+    config = flow.function_config()
+    config.default_logical_view(flow.scope.mirrored_view())
+
+    @flow.global_function(type="train", function_config=config)
+    def mirrored(x: tp.ListNumpy.Placeholder((B, 3), dtype=flow.float),
+                 y: tp.ListNumpy.Placeholder((B,), dtype=flow.int32)) -> tp.ListNumpy:
+        logits = flow.layers.dense(x, 4, name="dense")
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+        peak = flow.math.reduce_max(flow.math.reduce_mean(logits, axis=0))   # per device: no sum, no refusal
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss + peak)
+        return loss
+
+    graph = mirrored.graph
+    assert [graph.node(p).type.shape for p in graph.placeholders] == [(B, 3), (B,)]   # each device's own batch
+    sums = all_reduces(graph)
+    assert len(sums) == 2 and all(n.attr("scale") == 0.5 for n in sums)            # weight and bias: the mean
+    assert all(n.role == "update" for n in sums)
+    assert mirrored._traced.distribution.mirrored
+
+
+def test_a_gpu_step_refuses_collectives_by_name():
+    on_ranks(2)
+    from flowc.compiler.pipeline import generate
+    program = train_job_of().lower().program
+    with pytest.raises(flow.UnsupportedError, match="do not run collectives yet"):
+        generate(program, "gpu", arch="sm_90")
+
+
+def test_distribute_needs_two_ranks_at_least():
+    job = train_job_of()
+    with pytest.raises(ValueError, match="ranks must be >= 2"):
+        distribute(job.graph, 1, 0)
+
+
+def test_the_reference_executor_refuses_a_sum_over_ranks():
+    on_ranks(2)
+    from flowc.compiler.reference import run_reference
+    job = train_job_of()
+    graph = job.graph
+    session = default_session()
+    values = {name: session.value(name) for name in graph.variables}
+    x = np.zeros((B // 2, 1, 4, 4), np.float32)
+    y = np.zeros(B // 2, np.int32)
+    with pytest.raises(NotImplementedError, match="compare with the job's single-process run"):
+        run_reference(graph, [x, y], values, {"learning_rate:float32": 0.1, "train_step": 0})
+
+
+def test_the_engine_error_codes_match_the_header():
+    from flowc.compiler.codegen.collectives import COMM_FAILED, COMM_TIMEOUT
+    from flowc.compiler.toolchain import include_dir
+    for name in ("flowc_comm.h", "flowc_comm_mpi.c"):
+        text = (include_dir() / name).read_text()
+        assert f"#define FLOWC_COMM_ERROR_FAILED {COMM_FAILED}" in text, name
+        assert f"#define FLOWC_COMM_ERROR_TIMEOUT {COMM_TIMEOUT}" in text, name
+
+
+def test_flowc_show_prints_one_ranks_share_with_its_buckets(capsys):
+    from flowc.cli import main
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--kernels", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce buckets (1):" in out and "bucket 0: 4 gradients, 1628200 B; starts after" in out
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--ir", "--after", "simplify", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "float32[50x1x28x28] = input()" in out and out.count("= all_reduce(") == 4
+    assert main(["show", "examples/mlp_train_demo.py:train_job", "--kernels", "--ranks", "0"]) != 0

@@ -1,0 +1,142 @@
+"""Consistent-view data parallelism on 2 MPI processes (loopback, one thread per rank) against one
+process on the same global batch: training, results, checkpoints across device counts, and the
+errors of a lost rank and of ranks that built different graphs.
+
+The program is tests/distributed/train_models.py, launched as OneFlow's are: the same script,
+once with `python` and once with `mpiexec -n 2 python`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "distributed" / "train_models.py"
+# the MPICH wheel's mpiexec beside this Python, else one on PATH
+MPIEXEC = next((p for p in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec"))
+                if p and Path(p).is_file()), None)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'flowc[distributed]')")]
+
+
+def command(ranks: int, *args: str, cleanup: bool = True) -> list[str]:
+    python = [sys.executable, str(SCRIPT), *args]
+    launcher = [str(MPIEXEC)] + ([] if cleanup else ["-disable-auto-cleanup"]) + ["-n", str(ranks)]
+    return python if ranks == 1 else [*launcher, *python]
+
+
+def environment() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLOWC_COMM_TIMEOUT="60")
+
+
+def run(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(ranks, *args), capture_output=True, text=True, timeout=timeout, env=environment())
+    assert proc.returncode == 0, f"{ranks} rank(s) failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def same(one: Path, two: Path) -> None:
+    a, b = np.load(one), np.load(two)
+    assert sorted(a.files) == sorted(b.files)
+    for key in a.files:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lenet"])
+def test_two_ranks_train_as_one_process_on_the_same_global_batch(model, tmp_path):
+    one = run(1, model, "4", str(tmp_path / "one.npz"))
+    two = run(2, model, "4", str(tmp_path / "two.npz"))
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+    # only the master runs the script past its first job call: one line of losses, not two
+    assert two.stdout.count(f"{model}: losses") == 1
+    assert one.stdout.splitlines()[-1] == two.stdout.splitlines()[-1]
+    # every variable and the predict job's logits (split: concatenated) and mean loss (partial: summed)
+    assert {"logits", "mean_loss", "var:hidden-weight" if model == "mlp" else "var:conv1-weight"} <= \
+        set(np.load(tmp_path / "two.npz").files)
+
+
+@pytest.mark.parametrize("saved_by, loaded_by", [(2, 1), (1, 2)])
+def test_a_checkpoint_moves_between_device_counts(saved_by, loaded_by, tmp_path):
+    straight = tmp_path / "straight.npz"
+    run(1, "mlp", "5", str(straight))
+    run(saved_by, "mlp", "3", str(tmp_path / "first.npz"), "--save", str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt").is_dir()
+    run(loaded_by, "mlp", "2", str(tmp_path / "resumed.npz"), "--load", str(tmp_path / "ckpt"), "--skip", "3")
+    a, b = np.load(straight), np.load(tmp_path / "resumed.npz")
+    for key in a.files:
+        if key.startswith("var:") or key in ("logits", "mean_loss"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    np.testing.assert_allclose(b["losses"], a["losses"][3:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_path):
+    script = str(ROOT / "tests" / "distributed" / "mirrored.py")
+    for ranks, out in ((1, "one.npz"), (2, "two.npz")):
+        argv = [sys.executable, script, str(tmp_path / out)]
+        proc = subprocess.run(argv if ranks == 1 else [str(MPIEXEC), "-n", "2", *argv], capture_output=True,
+                              text=True, timeout=300, env=environment())
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("mirrored: done") == 1
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
+def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_nothing(tmp_path):
+    plain = run(2, "mlp", "3", str(tmp_path / "plain.npz"))
+    refused = run(2, "mlp", "3", str(tmp_path / "refused.npz"), "--bad-label")
+    assert "refused: " in refused.stdout and "out of range [0, 10)" in refused.stdout
+    same(tmp_path / "plain.npz", tmp_path / "refused.npz")     # the refused step changed no variable
+    assert plain.stdout.splitlines()[-1] == refused.stdout.splitlines()[-1]
+
+
+def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
+    run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2")
+    run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2")
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
+def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(tmp_path):
+    proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--mismatch"), capture_output=True,
+                          text=True, timeout=300, env=environment())
+    assert proc.returncode != 0
+    assert "DistributedError" in proc.stderr and "differs between rank 0 and rank 1 at op" in proc.stderr
+    assert "train_models.py:" in proc.stderr        # the op's line in the script
+    assert not (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.parametrize("lost", [1, 0])
+def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
+    # Hydra's auto-cleanup would kill the survivor itself at once (naming a pid): without it, flowc's
+    # watchdog is what stops a surviving master, naming the lost worker.  A lost master takes the job
+    # down (Hydra ends the workers; flowc's watchdog would otherwise).
+    proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce", cleanup=False),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
+    seen = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:          # the ranks' lines may interleave: read the pids from the whole text
+        seen += line
+        if "step 1" in seen and len(re.findall(r"pid \d \d+", seen)) == 2:
+            break
+    pids = {int(rank): int(pid) for rank, pid in re.findall(r"pid (\d) (\d+)", seen)}
+    os.kill(pids[lost], signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the job hung after rank {lost} was killed")
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "x.npz").exists()
+    if lost == 1:
+        assert f"flowc: rank 1 (pid {pids[1]} on " in err and "was lost while running job 'train_job'" in err
