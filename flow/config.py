@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flow import unsupported as _unsupported
+from flowc.runtime import environment as _environment
 
 ALWAYS, MEANINGLESS, IMPLEMENTED = "always", "meaningless", "implemented"
 _REQUIRED = object()
@@ -87,7 +88,9 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], Any, str]] = [
     ("collective_boxing.enable_fusion", MEANINGLESS, _bool, True, _BOXING),
     ("collective_boxing.num_callback_threads", MEANINGLESS, _count, _REQUIRED, _BOXING),
     ("collective_boxing.nccl_num_streams", MEANINGLESS, _count, _REQUIRED, _BOXING),
-    ("collective_boxing.nccl_fusion_threshold_mb", MEANINGLESS, _count, _REQUIRED, _BOXING),
+    ("collective_boxing.nccl_fusion_threshold_mb", IMPLEMENTED, _count, _REQUIRED,
+     "the most megabytes of gradients one all-reduce bucket of a data-parallel step holds (16 by default; 0: "
+     "one gradient per bucket)"),
     ("collective_boxing.nccl_fusion_all_reduce_use_buffer", MEANINGLESS, _bool, _REQUIRED, _BOXING),
     ("collective_boxing.nccl_fusion_all_reduce", MEANINGLESS, _bool, _REQUIRED, _BOXING),
     ("collective_boxing.nccl_fusion_reduce_scatter", MEANINGLESS, _bool, _REQUIRED, _BOXING),
@@ -100,7 +103,7 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], Any, str]] = [
 ]
 OPTIONS: dict[str, ConfigOption] = {row[0]: ConfigOption(*row) for row in _TABLE}
 # What the settings were last set to (process-wide, as OneFlow's environment config).
-values: dict[str, Any] = {}
+values: dict[str, Any] = _environment.config_values     # the runtime reads them there
 
 
 def _setter(option: ConfigOption) -> Callable[..., None]:

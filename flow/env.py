@@ -19,6 +19,7 @@ from typing import Any
 
 from flowc.compiler.errors import UnsupportedError
 from flowc.compiler.trace import user_location
+from flowc.runtime import environment as _environment
 from flow.unsupported import accepted
 
 _NO_GLOG = "flowc has no control plane, RPC or glog to configure: MPI's launcher starts and connects the processes"
@@ -28,8 +29,8 @@ __all__ = ["ctrl_port", "data_port", "grpc_use_no_signal", "init", "log_dir", "l
            "machine", "master_host", "master_port", "world_size", "init_bootstrap_confs", "values"]
 
 # What the settings were last set to (process-wide, as flow.config.values): "machine" (a list of
-# {"addr": ...} dicts), "ctrl_port", "data_port", "world_size".
-values: dict[str, Any] = {}
+# {"addr": ...} dicts), "ctrl_port", "data_port", "world_size".  The runtime reads them there.
+values: dict[str, Any] = _environment.env_values
 
 
 def _port(name: str, value: Any) -> int:

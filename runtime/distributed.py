@@ -36,7 +36,8 @@ from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.signature import PerRank
-from flowc.runtime.world import World, detect_world
+from flowc.runtime import environment
+from flowc.runtime.world import World, check_configuration, detect_world
 
 # How often a rank looks whether the other ranks on its host are still alive.
 WATCH_SECONDS = 0.2
@@ -327,6 +328,14 @@ def trace_as_ranks(session: Session, ranks: int) -> None:
     if session.cluster is not None:
         raise DistributedError("this session already runs on MPI ranks")
     session.joined, session.ranks = True, ranks
+    _configure_buckets(session)
+
+
+def _configure_buckets(session: Session) -> None:
+    """The bucket size of the gradient all-reduces: flow.config.collective_boxing.nccl_fusion_threshold_mb."""
+    threshold = environment.config_values.get("collective_boxing.nccl_fusion_threshold_mb")
+    if threshold is not None:
+        session.bucket_bytes = threshold << 20
 
 
 def join(session: Session) -> Cluster | None:
@@ -334,13 +343,15 @@ def join(session: Session) -> Cluster | None:
     the first job call, before any job is traced: their graphs depend on the number of ranks)."""
     if session.joined:
         return session.cluster
-    session.joined = True
     world = detect_world()
+    check_configuration(world, environment.config_values, environment.env_values)    # a mismatch: every call
+    session.joined = True
     if not world.is_distributed:
         return None
     cluster = Cluster(world)
     session.cluster = cluster
     session.ranks = world.size
+    _configure_buckets(session)
     if world.is_master:
         atexit.register(cluster.shutdown)
     return cluster

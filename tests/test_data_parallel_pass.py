@@ -225,3 +225,26 @@ def test_flowc_show_prints_one_ranks_share_with_its_buckets(capsys):
     out = capsys.readouterr().out
     assert "float32[50x1x28x28] = input()" in out and out.count("= all_reduce(") == 4
     assert main(["show", "examples/mlp_train_demo.py:train_job", "--kernels", "--ranks", "0"]) != 0
+
+
+def test_a_script_that_configures_two_devices_but_runs_alone_is_told_how_to_launch(monkeypatch):
+    from flowc.runtime import environment
+    from flowc.runtime.world import WorldError
+    monkeypatch.setitem(environment.config_values, "cpu_device_num", 2)
+    job = train_job_of()
+    x, y = np.zeros((B, 1, 4, 4), np.float32), np.zeros(B, np.int32)
+    for _ in range(2):         # refused at every call, not only the first
+        with pytest.raises(WorldError, match=r"flow.config.cpu_device_num\(2\).*runs alone.*flowc launch -n 2"):
+            job(x, y)
+    monkeypatch.setitem(environment.config_values, "cpu_device_num", 1)
+    assert job(x, y).shape == (B,)
+
+
+def test_the_bucket_size_comes_from_nccl_fusion_threshold_mb(monkeypatch):
+    from flowc.runtime import environment
+    from flowc.runtime.distributed import trace_as_ranks
+    monkeypatch.setitem(environment.config_values, "collective_boxing.nccl_fusion_threshold_mb", 16)
+    flow.config.collective_boxing.nccl_fusion_threshold_mb(0)          # one gradient per bucket
+    trace_as_ranks(default_session(), 2)
+    program = train_job_of().lower().program
+    assert len(plan_buckets(program.graph, program.require_kernels())) == 4

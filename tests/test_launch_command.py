@@ -41,7 +41,8 @@ def test_dry_run_prints_the_hydra_command(tmp_path, script, monkeypatch, capsys)
     assert main(["launch", "-n", "4", "--hosts", "node1,node2", "--dry-run", str(script), "--lr", "0.1",
                  "-n", "5"]) == 0
     printed = capsys.readouterr().out.strip()
-    assert shlex.split(printed) == [str(mpiexec), "-n", "4", "-hosts", "node1,node2", "-ppn", "2", "-genv",
+    assert shlex.split(printed) == [str(mpiexec), "-disable-auto-cleanup", "-n", "4", "-hosts", "node1,node2",
+                                    "-ppn", "2", "-genv",
                                     "FLOWC_DEVICES_PER_MACHINE", "2", sys.executable, str(script), "--lr", "0.1",
                                     "-n", "5"]
     assert not (tmp_path / "called").exists()          # a dry run runs nothing
@@ -63,7 +64,8 @@ def test_dry_run_quotes_hostile_arguments(tmp_path, monkeypatch, capsys):
     assert main(["launch", "-n", "2", "--dry-run", str(hostile), "; rm -rf /", "$HOME"]) == 0
     printed = capsys.readouterr().out.strip()
     assert shlex.split(printed)[-3:] == [str(hostile), "; rm -rf /", "$HOME"]
-    assert shlex.split(printed)[:6] == [str(mpiexec), "-n", "2", "-genv", "FLOWC_DEVICES_PER_MACHINE", "2"]
+    assert shlex.split(printed)[:7] == [str(mpiexec), "-disable-auto-cleanup", "-n", "2", "-genv",
+                                        "FLOWC_DEVICES_PER_MACHINE", "2"]
 
 
 def test_a_run_passes_arguments_as_argv_items_and_forwards_the_exit_code(tmp_path, script, monkeypatch):
@@ -75,8 +77,9 @@ def test_a_run_passes_arguments_as_argv_items_and_forwards_the_exit_code(tmp_pat
     monkeypatch.setattr(launch_command, "find_mpiexec", lambda: str(mpiexec))
     monkeypatch.setenv("FLOWC_DEVICES_PER_MACHINE", "1")     # flowc launch sets it in this process: undone after
     assert main(["launch", "-n", "2", str(script), "a b", "$(echo no)"]) == 7
-    assert (tmp_path / "argv").read_text().splitlines() == ["-n", "2", "-genv", "FLOWC_DEVICES_PER_MACHINE", "2",
-                                                            sys.executable, str(script), "a b", "$(echo no)"]
+    assert (tmp_path / "argv").read_text().splitlines() == ["-disable-auto-cleanup", "-n", "2", "-genv",
+                                                            "FLOWC_DEVICES_PER_MACHINE", "2", sys.executable,
+                                                            str(script), "a b", "$(echo no)"]
     assert (tmp_path / "env").read_text().strip() == "2"
 
 

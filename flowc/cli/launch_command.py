@@ -4,7 +4,10 @@ A thin wrapper: it finds mpiexec (the one beside this Python first, which the `m
 `pip install 'flowc[distributed]'` puts there; then PATH), asks it which launcher it is (MPICH's Hydra
 and Open MPI spell the host list and the environment differently), and runs
 
-    mpiexec -n N [hosts] [FLOWC_DEVICES_PER_MACHINE=N/len(hosts)] <this python> script.py args...
+    mpiexec [-disable-auto-cleanup] -n N [hosts] [FLOWC_DEVICES_PER_MACHINE=N/len(hosts)] <python> script.py args
+
+(Hydra's `-disable-auto-cleanup` leaves the other ranks running when one dies, so that flowc's own
+watchdog stops them with an error naming the lost rank.)
 
 forwarding its exit code.  Every argument is an argv item, never a shell word.
 """
@@ -42,12 +45,15 @@ class Flavour:
     marks: tuple[str, ...]                           # words of its `--version` output
     hosts: Callable[[list[str], int], list[str]]     # (hosts, processes per host) -> arguments
     env: Callable[[str, str], list[str]]             # (name, value) -> arguments
+    # Leave the other processes running when one dies: flowc's watchdog (runtime/distributed.py) then
+    # stops them with an error naming the lost rank, where the launcher would kill them without one.
+    keep_survivors: tuple[str, ...] = ()
 
 
 FLAVOURS: tuple[Flavour, ...] = (
     Flavour("MPICH (Hydra)", ("HYDRA", "Intel(R) MPI"),
             lambda hosts, per_host: ["-hosts", ",".join(hosts), "-ppn", str(per_host)],
-            lambda name, value: ["-genv", name, value]),
+            lambda name, value: ["-genv", name, value], ("-disable-auto-cleanup",)),
     Flavour("Open MPI", ("Open MPI", "OpenRTE", "PRRTE"),
             lambda hosts, per_host: ["--host", ",".join(f"{h}:{per_host}" for h in hosts)],
             lambda name, value: ["-x", f"{name}={value}"]),
@@ -124,8 +130,8 @@ def command(mpiexec: str, flavour: Flavour, processes: int, hosts: list[str], sc
     """The mpiexec argv that runs `script` with this Python in `processes` processes."""
     per_host = per_machine(processes, hosts)
     placement = flavour.hosts(hosts, per_host) if hosts else []
-    return [mpiexec, "-n", str(processes), *placement, *flavour.env(DEVICES_PER_MACHINE_ENV, str(per_host)),
-            sys.executable, script, *args]
+    return [mpiexec, *flavour.keep_survivors, "-n", str(processes), *placement,
+            *flavour.env(DEVICES_PER_MACHINE_ENV, str(per_host)), sys.executable, script, *args]
 
 
 def run(args: argparse.Namespace) -> int:
