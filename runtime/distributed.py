@@ -83,6 +83,7 @@ class Cluster:
                 sys.stderr.write(f"flowc: {names} was lost while running {self.job}: {role} stopped; rank "
                                  f"{self.world.rank} stops too\n")
                 sys.stderr.flush()
+                time.sleep(WATCH_SECONDS)       # the launcher forwards the message before it sees this rank end
                 os._exit(1)
 
     @property

@@ -114,11 +114,9 @@ def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(t
     assert not (tmp_path / "x.npz").exists()
 
 
-@pytest.mark.parametrize("lost", [1, 0])
-def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
-    # Hydra's auto-cleanup would kill the survivor itself at once (naming a pid): without it, flowc's
-    # watchdog is what stops a surviving master, naming the lost worker.  A lost master takes the job
-    # down (Hydra ends the workers; flowc's watchdog would otherwise).
+def kill_mid_run(lost: int, tmp_path: Path) -> tuple[int, str, dict[int, int], float]:
+    """Start a 50-step run on 2 ranks, SIGKILL rank `lost` after step 1, wait for the job to end:
+    (exit code, stderr, the ranks' pids, seconds from the kill to the end)."""
     proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce", cleanup=False),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
     seen = ""
@@ -135,8 +133,23 @@ def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"the job hung after rank {lost} was killed")
-    assert proc.returncode != 0
-    assert time.monotonic() - start < 30
-    assert not (tmp_path / "x.npz").exists()
-    if lost == 1:
-        assert f"flowc: rank 1 (pid {pids[1]} on " in err and "was lost while running job 'train_job'" in err
+    return proc.returncode, err, pids, time.monotonic() - start
+
+
+@pytest.mark.parametrize("lost", [1, 0])
+def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
+    # Hydra's auto-cleanup would kill the survivor itself at once (naming a pid): without it, flowc's
+    # watchdog is what stops a surviving master, naming the lost worker.  A lost master takes the job
+    # down (Hydra ends the workers; flowc's watchdog would otherwise).  Even without auto-cleanup, Hydra
+    # sometimes (about 1 run in 12 here) ends the survivor within milliseconds of the loss, before the
+    # watchdog's next look: so the message is required of one of three runs, and every run must end
+    # quickly with an error.
+    named = False
+    for _ in range(3 if lost == 1 else 1):
+        code, err, pids, seconds = kill_mid_run(lost, tmp_path)
+        assert code != 0 and seconds < 30
+        assert not (tmp_path / "x.npz").exists()
+        if f"flowc: rank 1 (pid {pids[1]} on " in err and "was lost while running job 'train_job'" in err:
+            named = True
+            break
+    assert named or lost == 0
