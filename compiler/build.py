@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from flowc.compiler.autodiff import GradEmitter, differentiate
-from flowc.compiler.errors import TraceError
+from flowc.compiler.errors import TraceError, UnsupportedError
 from flowc.compiler.indexed_slices import emit_sparse_update, named_variables, sparse_update_plan
 from flowc.compiler.ir import Graph, GraphBuilder, TensorType
 from flowc.compiler.passes.data_parallel import DEFAULT_BUCKET_BYTES, Distribution, distribute
@@ -76,6 +76,12 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     distribution = None
     ranks = getattr(session, "ranks", 1)
     if ranks > 1:          # a distributed session: the graph of one rank (compiler/passes/data_parallel.py)
+        if ctx.split_variables:
+            var, line = next(iter(ctx.split_variables.items()))
+            raise UnsupportedError(f"{line}: variable {var!r} is declared split over the devices "
+                                   "(distribute=flow.distribute.split(...), or a layer's model_distribute): model "
+                                   f"parallelism on {ranks} ranks is not supported yet; declare it broadcast (or "
+                                   "without distribute) for data parallelism, or run the job in one process")
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
                                          mirrored=ctx.logical_view == "mirrored")
     return TracedJob(graph, layout, optimizer, watches, distribution)

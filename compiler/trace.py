@@ -69,6 +69,9 @@ class TraceContext:
     placeholders: list[int] = field(default_factory=list)
     variable_nodes: dict[str, int] = field(default_factory=dict)
     trainable_variables: set[str] = field(default_factory=set)   # declared trainable=True in this job
+    # variable -> the user's line of a `distribute=flow.distribute.split(axis)` (model parallelism: one device
+    # holds all of it; on several ranks the data-parallel pass refuses it, compiler/build.py)
+    split_variables: dict[str, str] = field(default_factory=dict)
     losses: list[Blob] = field(default_factory=list)
     optimizers: list[tuple[Any, Blob]] = field(default_factory=list)   # (optimizer, loss)
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])

@@ -17,7 +17,8 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
 
     Variables are `<name>-weight` and `<name>-bias`.  An input of rank > 2 is transformed along its
     last axis, (..., in) -> (..., units), as in OneFlow.  `model_distribute` (broadcast, split(0),
-    auto) only says how several devices would hold the weight: one device holds all of it.
+    auto) says how several devices hold the weight and bias: one device holds all of them, and a job on
+    several MPI ranks refuses a split for now (model parallelism; docs/distributed.md).
     Without `kernel_initializer` the weight starts at zeros, as in OneFlow 0.3.4 (its layers.dense
     defaults to `constant_initializer(0)`; pass an initializer to break the symmetry, as OneFlow's
     examples do); the bias starts at zeros too.
@@ -39,12 +40,12 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
         flat = emit("reshape", [x], {"shape": (_prod(x.shape[:-1]), x.shape[-1])}, api=api)
     weight = get_variable(f"{name}-weight", shape=(units, flat.shape[1]), dtype=x.dtype,
                           initializer=kernel_initializer or initializers.constant_initializer(0),
-                          regularizer=kernel_regularizer, trainable=trainable)
+                          regularizer=kernel_regularizer, trainable=trainable, distribute=model_distribute)
     out = emit("matmul", [flat, weight], {"transpose_a": False, "transpose_b": True}, name=name, api=api)
     if use_bias:
         bias = get_variable(f"{name}-bias", shape=(units,), dtype=x.dtype,
                             initializer=bias_initializer or initializers.constant_initializer(0),
-                            regularizer=bias_regularizer, trainable=trainable)
+                            regularizer=bias_regularizer, trainable=trainable, distribute=model_distribute)
         out = emit("add", [out, bias], name=name, api=api)
     if activation is not None:
         out = activation(out)

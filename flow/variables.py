@@ -48,6 +48,11 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
     if not hasattr(initializer, "sample"):
         raise TraceError(f"{loc}: {api}: initializer of {name!r} must be a flow initializer such as "
                          f"flow.truncated_normal(0.1), got {initializer!r}")
+    if distribute is not None:
+        from flowc.compiler.distribute import Split, check_distribute
+        check_distribute(distribute, None, f"{api}: distribute of {name!r}")
+        if isinstance(distribute, Split):
+            ctx.split_variables.setdefault(name, loc)
     ctx.session.declare_variable(name, TensorType(shape, dtype), initializer, bool(trainable), loc)
     if regularizer is not None:
         _set_regularizer(ctx, name, regularizer, loc)

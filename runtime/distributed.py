@@ -33,6 +33,7 @@ import numpy as np
 from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
+from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.signature import PerRank
@@ -167,6 +168,8 @@ class Cluster:
                 served[job_name] = (loaded, inputs)
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
                 self.control.Recv(buffer, source=0, tag=DATA_TAG)
+            if RANK_SCALAR in loaded.graph.scalars:      # this rank's share of the job's random draws
+                scalars = {**scalars, RANK_SCALAR: self.world.rank}
             try:
                 loaded.feed(loaded.slots[0], inputs, scalars)
                 outputs = loaded.compute(loaded.slots[0])

@@ -22,6 +22,7 @@ import numpy as np
 from flowc.compiler.backends import HOST_DEVICE, DeviceName, device_names
 from flowc.compiler.errors import JobCallError, StepError
 from flowc.compiler.ir import numpy_dtype
+from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.trace import refuse_job_call_while_tracing
 from flowc.runtime.function_config import FunctionConfig
 from flowc.runtime.futures import Call, CallbackRegistrar, JobFuture, LocalBlob
@@ -567,7 +568,8 @@ def _runtime_scalars(traced, step: int) -> dict[str, float]:
     """This step's runtime scalars under the graph's names (learning rates: one per variable dtype)."""
     if not traced.graph.scalars:
         return {}
-    values = {"train_step": step}
+    # data_parallel_rank: the master's (rank 0); each worker of a distributed job feeds its own
+    values = {"train_step": step, RANK_SCALAR: 0}
     if traced.optimizer is not None:
         values.update(traced.optimizer.scalars(step))
     return {name: values[name.split(":")[0]] for name in traced.graph.scalars}

@@ -248,3 +248,73 @@ def test_the_bucket_size_comes_from_nccl_fusion_threshold_mb(monkeypatch):
     trace_as_ranks(default_session(), 2)
     program = train_job_of().lower().program
     assert len(plan_buckets(program.graph, program.require_kernels())) == 4
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_random_draws_share_is_its_slice_of_the_whole_draw(rank):
+    from flowc.compiler.ops import OPS
+    whole = OPS["dropout_mask"].reference(np.int64(5), shape=(6, 4), dtype="float32", seed=11, threshold=1 << 31,
+                                          scale=2.0, rate=0.5)
+    share = OPS["dropout_mask_shard"].reference(np.int64(5), np.int64(rank), shape=(2, 4), dtype="float32", seed=11,
+                                                threshold=1 << 31, scale=2.0, rate=0.5, share=8)
+    np.testing.assert_array_equal(share, whole[2 * rank:2 * rank + 2])
+    whole = OPS["random_uniform"].reference(np.int64(3), shape=(6, 4), dtype="float64", seed=7)
+    share = OPS["random_uniform_shard"].reference(np.int64(3), np.int64(rank), shape=(2, 4), dtype="float64", seed=7,
+                                                  share=8)
+    np.testing.assert_array_equal(share, whole[2 * rank:2 * rank + 2])
+
+
+def test_a_split_dropout_draws_this_ranks_share_and_the_compiled_draw_is_the_references():
+    on_ranks(2)
+
+    def net(x):
+        x = flow.reshape(x, [x.shape[0], -1])
+        return flow.layers.dense(flow.nn.dropout(flow.layers.dense(x, 16, name="hidden"), rate=0.5), 10, name="out")
+
+    job = train_job_of(net)
+    graph = job.graph
+    (mask,) = [n for n in graph.nodes if n.op.startswith("dropout_mask")]
+    assert mask.op == "dropout_mask_shard" and mask.attr("share") == (B // 2) * 16 and mask.type.shape == (B // 2, 16)
+    rank = graph.node(mask.inputs[1])
+    assert rank.op == "scalar" and rank.attr("name") == "data_parallel_rank" and graph.scalars["data_parallel_rank"]
+    # the compiled kernel hashes the same indices as the reference, on rank 1
+    from flowc.compiler.ir import Graph, GraphBuilder
+    builder = GraphBuilder()
+    step = builder.add("scalar", [], {"name": "train_step", "shape": (), "dtype": "int64"})
+    r = builder.add("scalar", [], {"name": "data_parallel_rank", "shape": (), "dtype": "int64"})
+    out = builder.add("dropout_mask_shard", [step, r], {**mask.attr_dict})
+    small = Graph("mask", builder.nodes, [out], {}, {}, {"train_step": "int64", "data_parallel_rank": "int64"}, [])
+    from flowc.compiler.pipeline import compile_graph
+    from flowc.runtime.devices import load_step
+    loaded = load_step(compile_graph(small), default_session())
+    (got,) = loaded.run([], {"train_step": 4, "data_parallel_rank": 1})
+    from flowc.compiler.ops import OPS
+    np.testing.assert_array_equal(got, OPS["dropout_mask_shard"].reference(np.int64(4), np.int64(1), **mask.attr_dict))
+    assert 0 < np.count_nonzero(got) < got.size
+
+
+@pytest.mark.parametrize("declare", ["dense", "get_variable"])
+def test_a_variable_split_over_devices_is_refused_on_several_ranks_and_fine_in_one_process(declare):
+    def net(x):
+        x = flow.reshape(x, [x.shape[0], -1])
+        if declare == "dense":
+            return flow.layers.dense(x, 10, name="out", model_distribute=flow.distribute.split(0))
+        w = flow.get_variable("w", shape=(16, 10), initializer=flow.truncated_normal(0.1),
+                              distribute=flow.distribute.split(1))
+        return flow.matmul(x, w)
+
+    assert train_job_of(net).graph is not None           # one process: one device holds it all
+    flow.clear_default_session()
+    on_ranks(2)
+    with pytest.raises(flow.UnsupportedError, match=r"test_data_parallel_pass.py:\d+: variable '(out-weight|w)' is "
+                                                     r"declared split over the devices .* model parallelism on 2 "
+                                                     r"ranks is not supported yet"):
+        _ = train_job_of(net).graph
+
+
+def test_a_distribute_hint_is_checked():
+    def net(x):
+        return flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 10, name="out", model_distribute="split")
+
+    with pytest.raises(flow.TraceError, match="expected flow.distribute.split"):
+        _ = train_job_of(net).graph

@@ -188,10 +188,11 @@ def test_every_op_is_covered():
     # device_copy (inserted by the placement pass only) in tests/test_cuda_codegen.py, select_nonzero (emitted by
     # the optimizer update only) in tests/test_optimizers_oneflow.py, snapshot (inserted by the snapshot_outputs
     # pass only) in tests/test_train_semantics.py, random_uniform (flow.random.*) in tests/test_scope_and_random.py,
-    # all_reduce (the data-parallel pass only; the reference has no other ranks) in tests/test_data_parallel_pass.py
+    # all_reduce and the random draws' shards (the data-parallel pass only) in tests/test_data_parallel_pass.py
     # and tests/test_distributed_training.py
     missing = sorted(set(OPS) - seen - {"variable", "scalar", "dropout_mask", "device_copy", "select_nonzero",
-                                        "snapshot", "random_uniform", "all_reduce"})
+                                        "snapshot", "random_uniform", "all_reduce", "dropout_mask_shard",
+                                        "random_uniform_shard"})
     assert not missing, f"ops without a test case: {missing}"
 
 

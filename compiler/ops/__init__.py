@@ -72,3 +72,4 @@ from flowc.compiler.ops import indexed_slices  # noqa: E402,F401
 from flowc.compiler.ops import normalization  # noqa: E402,F401
 from flowc.compiler.ops import batch_norm  # noqa: E402,F401
 from flowc.compiler.ops import collectives  # noqa: E402,F401
+from flowc.compiler.ops import random_shards  # noqa: E402,F401

@@ -270,10 +270,11 @@ def _infer_dropout_mask(inputs: list, attrs: dict) -> TensorType:
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def dropout_keep(seed: int, step: int, size: int, threshold: int) -> np.ndarray:
-    """The same bits as flowc::dropout_keep in flowc_runtime.h, for every index at once."""
+def dropout_keep(seed: int, step: int, size: int, threshold: int, offset: int = 0) -> np.ndarray:
+    """The same bits as flowc::dropout_keep in flowc_runtime.h, for every index at once (from `offset`:
+    one rank's share of a larger draw)."""
     with np.errstate(over="ignore"):
-        i = np.arange(size, dtype=np.uint64)
+        i = np.arange(offset, offset + size, dtype=np.uint64)
         z = np.uint64(seed) ^ (np.uint64(step) * np.uint64(0x9E3779B97F4A7C15)) ^ (i * np.uint64(0xBF58476D1CE4E5B9))
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -303,12 +304,12 @@ def _infer_random_uniform(inputs: list, attrs: dict) -> TensorType:
     return TensorType(tuple(attrs["shape"]), attrs["dtype"])
 
 
-def random_units(seed: int, step: int, size: int) -> np.ndarray:
-    """The same values as flowc::random_unit in flowc_runtime.h, for every index at once: the top 24
-    bits of splitmix64's finalizer over (seed, step, index), times 2^-24, so in [0, 1) and exact in
-    float32."""
+def random_units(seed: int, step: int, size: int, offset: int = 0) -> np.ndarray:
+    """The same values as flowc::random_unit in flowc_runtime.h, for every index at once (from
+    `offset`): the top 24 bits of splitmix64's finalizer over (seed, step, index), times 2^-24, so in
+    [0, 1) and exact in float32."""
     with np.errstate(over="ignore"):
-        i = np.arange(size, dtype=np.uint64)
+        i = np.arange(offset, offset + size, dtype=np.uint64)
         z = np.uint64(seed) ^ (np.uint64(step) * np.uint64(0x9E3779B97F4A7C15)) ^ (i * np.uint64(0xBF58476D1CE4E5B9))
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

@@ -37,6 +37,7 @@ from typing import Literal
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
+from flowc.compiler.ops.random_shards import RANK_SCALAR
 
 Layout = Literal["split", "broadcast", "partial_sum"]
 # OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
@@ -63,6 +64,7 @@ SHAPE_ATTRS = {**{op: ("shape",) for op in ("input", "reshape", "constant", "bro
                                            "random_uniform", "strided_slice", "slice_update")},
                "gather_grad": ("params_shape",)}
 FILL_OPS = {"constant", "broadcast_to", "dropout_mask", "random_uniform"}   # each rank can make its share
+RANDOM_DRAWS = {"dropout_mask", "random_uniform"}     # split: each rank draws its share (ops/random_shards.py)
 WINDOW_AXIS_OPS = {"concat", "slice_axis"}            # an `axis` attribute: split unless it is 0
 STRIDED_OPS = {"strided_slice", "slice_update"}        # start/step/shape per axis
 
@@ -313,18 +315,30 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
                                      device=graph.node(i).type.device)
         return reduced[i]
 
+    rank: list[int] = []             # the runtime scalar data_parallel_rank, once a random draw is split
+
+    def rank_scalar() -> int:
+        if not rank:
+            rank.append(builder.add("scalar", [], {"name": RANK_SCALAR, "shape": (), "dtype": "int64"}))
+        return rank[0]
+
     for n in graph.nodes:
         inputs = [summed(i, n) if (n.id, i) in rules.reduced else new_id[i] for i in n.inputs]
         attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], ranks)
+        op = n.op
+        if op in RANDOM_DRAWS and layout[n.id] == SPLIT:     # this rank's share of the draw, not the first one
+            op, inputs = f"{op}_shard", inputs + [rank_scalar()]
+            attrs["share"] = n.type.size if mirrored else n.type.size // ranks
         try:
-            new_id[n.id] = builder.add(n.op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
+            new_id[n.id] = builder.add(op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
         except ShapeError as err:
             raise _error(n, f"its attributes fix the batch size ({err})") from None
     assigns = {}
     for var, value in graph.assigns.items():
         assigns[var] = summed(value, graph.node(value)) if value in partial_roots else new_id[value]
+    scalars = dict(graph.scalars, **({RANK_SCALAR: "int64"} if rank else {}))
     local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, dict(graph.variables),
-                  dict(graph.scalars), [new_id[p] for p in graph.placeholders])
+                  scalars, [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
     return local, Distribution(layout, outputs, mirrored)

@@ -35,15 +35,15 @@ RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"
 HIDDEN = 96 if "--mismatch" in OPTIONS and RANK == 1 else 64
 
 
-def mlp(x):
+def mlp(x, train=True):
     init = flow.truncated_normal(0.1)
     x = flow.reshape(x, [x.shape[0], -1])
     x = flow.layers.dense(x, HIDDEN, activation=flow.nn.relu, kernel_initializer=init, name="hidden")
     return flow.layers.dense(x, 10, kernel_initializer=init, name="output")
 
 
-def lenet(x):
-    # the quick-start LeNet without its dropout (whose mask would differ between the two launches)
+def lenet(x, train=True):
+    # the quick-start LeNet, dropout included: each rank draws its share of the one-process mask
     init = flow.truncated_normal(0.1)
     x = flow.layers.conv2d(x, 8, 5, padding="SAME", activation=flow.nn.relu, name="conv1", kernel_initializer=init)
     x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool1", data_format="NCHW")
@@ -51,6 +51,8 @@ def lenet(x):
     x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool2", data_format="NCHW")
     x = flow.reshape(x, [x.shape[0], -1])
     x = flow.layers.dense(x, 64, activation=flow.nn.relu, kernel_initializer=init, name="dense1")
+    if train:
+        x = flow.nn.dropout(x, rate=0.5, name="dropout")
     return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
 
 
@@ -69,7 +71,7 @@ def train_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float)
 @flow.global_function(type="predict")
 def eval_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
              labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy]:
-    logits = NET(images)
+    logits = NET(images, train=False)
     loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     return logits, flow.math.reduce_mean(loss)
 
