@@ -82,9 +82,24 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
                                    "(distribute=flow.distribute.split(...), or a layer's model_distribute): model "
                                    f"parallelism on {ranks} ranks is not supported yet; declare it broadcast (or "
                                    "without distribute) for data parallelism, or run the job in one process")
+        _warn_device_placements(ctx, ranks)
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
                                          mirrored=ctx.logical_view == "mirrored")
     return TracedJob(graph, layout, optimizer, watches, distribution)
+
+
+def _warn_device_placements(ctx: TraceContext, ranks: int) -> None:
+    """A placement on one device other than the first ("0:1": OneFlow's placement-based model or
+    pipeline parallelism) does not move ops between ranks: every rank runs every op on its share of
+    the batch.  The results are the logical job's; say so once per job rather than let it pass."""
+    for ids, line in ctx.placements:
+        devices = ids.split(":", 1)[-1]
+        if devices not in ("0", f"0-{ranks - 1}"):
+            warnings.warn(f"{line}: flow.scope.placement(..., {ids!r}) in job {ctx.job_name!r} on {ranks} ranks: "
+                          "flowc does not place ops on particular devices of a distributed job (model or "
+                          "pipeline parallelism); every rank runs them on its share of the batch (data "
+                          "parallelism), which computes the same logical job", UserWarning, stacklevel=2)
+            return
 
 
 def _check_assigns(ctx: TraceContext, graph: Graph) -> None:

@@ -72,6 +72,8 @@ class TraceContext:
     # variable -> the user's line of a `distribute=flow.distribute.split(axis)` (model parallelism: one device
     # holds all of it; on several ranks the data-parallel pass refuses it, compiler/build.py)
     split_variables: dict[str, str] = field(default_factory=dict)
+    # (machine_device_ids, the user's line) of every flow.scope.placement entered while tracing
+    placements: list[tuple[str, str]] = field(default_factory=list)
     losses: list[Blob] = field(default_factory=list)
     optimizers: list[tuple[Any, Blob]] = field(default_factory=list)   # (optimizer, loss)
     device_stack: list[str] = field(default_factory=lambda: ["cpu"])

@@ -5,7 +5,7 @@ import contextlib
 from typing import Any, Iterator
 
 from flowc.compiler.backends import DeviceName, device_names
-from flowc.compiler.trace import _current
+from flowc.compiler.trace import _current, user_location
 
 
 class PlacementScope:
@@ -22,6 +22,7 @@ class PlacementScope:
         ctx = _current[-1] if _current else None
         if ctx is not None:
             ctx.device_stack.append(self.device_tag)
+            ctx.placements.append((str(self.machine_device_ids), user_location()))
         self._entered.append(ctx)
 
     def __exit__(self, *exc: object) -> None:

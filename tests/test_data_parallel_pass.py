@@ -318,3 +318,17 @@ def test_a_distribute_hint_is_checked():
 
     with pytest.raises(flow.TraceError, match="expected flow.distribute.split"):
         _ = train_job_of(net).graph
+
+
+def test_a_placement_on_one_particular_device_is_said_to_run_as_data_parallelism():
+    def net(x):
+        x = flow.reshape(x, [x.shape[0], -1])
+        with flow.scope.placement("cpu", "0:0"):
+            x = flow.layers.dense(x, 16, name="hidden")
+        with flow.scope.placement("cpu", "0:1"):
+            return flow.layers.dense(x, 10, name="out")
+
+    on_ranks(2)
+    with pytest.warns(UserWarning, match=r"test_data_parallel_pass.py:\d+: flow.scope.placement\(\.\.\., '0:1'\) .* "
+                                         r"every rank runs them on its share of the batch"):
+        _ = train_job_of(net).graph
