@@ -7,6 +7,7 @@ how long each step waited for its gradient sums (the communication the backward 
     python -m benchmarks.scaling                       # every workload, table on stdout, results/scaling.json
     python -m benchmarks.scaling --workloads mlp_train --seconds 3
     mpiexec -n 2 python -m benchmarks.scaling run mlp_train 3 out.json     # one launch (what the driver runs)
+    python -m benchmarks.scaling --validate benchmarks/results/bench.json   # the cost model against a run's row
 """
 from __future__ import annotations
 
@@ -128,10 +129,43 @@ def scaling_table(rows: list[dict[str, Any]], judged: bool = True) -> list[str]:
     return lines
 
 
+# The 2-rank fit of benchmarks/mpi_allreduce_probe.py on this machine (docs/scaling.md).
+PROBE_ALPHA, PROBE_BETA = 1.8e-6, 6.2e9
+
+
+def validation_table(rows: list[dict[str, Any]], alpha: float = PROBE_ALPHA, beta: float = PROBE_BETA) -> list[str]:
+    """The cost model (benchmarks/scaling_model.py) against measured rows: each workload's 2-rank step
+    predicted from its measured 1-rank step (halved: each rank computes half the batch) and the
+    probe's fitted all-reduce, next to the measured 2-rank step."""
+    from benchmarks.scaling_extract import model_table_of_job
+    from benchmarks.scaling_model import MeasuredTimes, predict_step, split_step
+    from flowc.runtime.session import clear_default_session
+    lines = ["| Workload | 1 rank (ms/step) | 2 ranks: compute, modelled (ms) | sums, modelled (ms) | 2 ranks, "
+             "predicted (ms) | 2 ranks, measured (ms) | waiting for sums, measured (ms) | measured / predicted |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        clear_default_session()
+        job, batch = _job_and_batch(row["workload"])
+        table = model_table_of_job(job, samples=batch[0].shape[0])
+        one = 1.0 / row["one_rank_steps_per_s"]
+        whole = split_step(table, one)
+        half = MeasuredTimes(whole.forward / 2, whole.backward / 2, whole.update / 2)
+        predicted = predict_step(table, 2, alpha, beta, half, bucket_bytes=16 << 20)
+        two = 1.0 / row["two_ranks_steps_per_s"]
+        lines.append(f"| {TITLES.get(row['workload'], row['workload'])} | {one * 1e3:.2f} | "
+                     f"{predicted.compute * 1e3:.2f} | {predicted.comm * 1e3:.2f} | {predicted.step * 1e3:.2f} | "
+                     f"{two * 1e3:.2f} | {row['wait_ms_per_step']:.2f} | {two / predicted.step:.2f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
         run_launch(argv[1], float(argv[2]), Path(argv[3]))
+        return 0
+    if argv[:1] == ["--validate"]:
+        data = json.loads(Path(argv[1]).read_text())
+        print("\n".join(validation_table(data["run"]["scaling"] if "run" in data else data)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))

@@ -59,3 +59,16 @@ def test_a_real_row_on_two_ranks():
     assert row["one_rank_steps_per_s"] > 0 and row["two_ranks_steps_per_s"] > 0
     assert row["speedup"] == pytest.approx(row["two_ranks_steps_per_s"] / row["one_rank_steps_per_s"])
     assert row["wait_ms_per_step"] >= 0
+
+
+def test_the_cost_model_is_set_against_the_measured_rows():
+    from benchmarks.scaling import validation_table
+    rows = [{"workload": "mlp_train", "one_rank_steps_per_s": 1000.0, "two_ranks_steps_per_s": 1000.0,
+             "speedup": 1.0, "wait_ms_per_step": 0.2, "target": TARGET_SPEEDUP}]
+    header, rule, line = validation_table(rows, alpha=2e-6, beta=5e9)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == "MLP train" and cells[1] == "1.00" and cells[2] == "0.50"     # each rank: half the compute
+    # the MLP's 407,050 float32 gradients in one bucket: 2 ranks' ring all-reduce = 2 * alpha + bytes / beta
+    assert float(cells[3]) == pytest.approx((2 * 2e-6 + 407_050 * 4 / 5e9) * 1e3, abs=0.01)
+    assert float(cells[4]) == pytest.approx(float(cells[2]) + float(cells[3]), abs=0.02)
+    assert float(cells[7]) == pytest.approx(1.0 / float(cells[4]), abs=0.02)
