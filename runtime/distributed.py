@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
+import shutil
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -38,7 +41,7 @@ from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.signature import PerRank
 from flowc.runtime import environment
-from flowc.runtime.world import World, check_configuration, detect_world
+from flowc.runtime.world import World, check_configuration, configured_devices, detect_world
 
 # How often a rank looks whether the other ranks on its host are still alive.
 WATCH_SECONDS = 0.2
@@ -326,6 +329,36 @@ class DistributedStep(LoadedStep):
         self.inner.release()
 
 
+def relaunch_alone(world: World, job_module: str | None) -> None:
+    """A script run alone (`python train.py`) that configures several devices on one machine
+    (`flow.config.gpu_device_num(2)`) starts them, as OneFlow's single-machine scripts gain data
+    parallelism from that call alone: at its first job call it runs again under mpiexec, one process
+    per device (this process becomes mpiexec).  Only for a script run by path whose own module
+    defines the job: a test runner, a notebook or `flowc show` get check_configuration's error instead,
+    which names the `flowc launch` command.  What the script did before its first job call runs
+    again on every rank (its output too)."""
+    if world.is_distributed or job_module != "__main__":
+        return
+    devices, machines, call = configured_devices(environment.config_values, environment.env_values)
+    if devices is None or devices < 2 or (machines or 1) > 1:
+        return
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None or not sys.argv[0] or \
+            Path(sys.argv[0]).resolve() != Path(path).resolve():
+        return
+    beside = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if mpiexec is None:
+        return
+    argv = [mpiexec, "-n", str(devices), sys.executable, *sys.argv]
+    sys.stdout.flush()
+    sys.stderr.write(f"flowc: {call}: this script runs again on {devices} processes, one per device: "
+                     f"{shlex.join(argv)}\n")
+    sys.stderr.flush()
+    os.execv(mpiexec, argv)
+
+
 def trace_as_ranks(session: Session, ranks: int) -> None:
     """Trace `session`'s jobs as one of `ranks` ranks without MPI (`flowc show --ranks N`): the graphs,
     kernels and code a distributed run would build; such a session cannot run them."""
@@ -342,12 +375,14 @@ def _configure_buckets(session: Session) -> None:
         session.bucket_bytes = threshold << 20
 
 
-def join(session: Session) -> Cluster | None:
+def join(session: Session, job_module: str | None = None) -> Cluster | None:
     """The session's cluster when this process was launched as one of several MPI ranks (made at
-    the first job call, before any job is traced: their graphs depend on the number of ranks)."""
+    the first job call, before any job is traced: their graphs depend on the number of ranks).
+    `job_module` is the module of the job being called or traced (see `relaunch_alone`)."""
     if session.joined:
         return session.cluster
     world = detect_world()
+    relaunch_alone(world, job_module)
     check_configuration(world, environment.config_values, environment.env_values)    # a mismatch: every call
     session.joined = True
     if not world.is_distributed:

@@ -221,7 +221,7 @@ class JobFunction:
             if self._traced is None or self._session is not session:
                 from flowc.compiler.build import build_job_graph
                 from flowc.runtime.distributed import join
-                join(session)         # launched as several MPI ranks: the graph is one rank's share
+                join(session, self.fn.__module__)     # launched as several MPI ranks: the graph is one rank's share
                 self.config.check_for_job(self.name)
                 self.release()
                 start = time.perf_counter()
@@ -364,7 +364,7 @@ class JobFunction:
         session = default_session()
         if session.cluster is not None or not session.joined:
             from flowc.runtime.distributed import join
-            cluster = join(session)
+            cluster = join(session, self.fn.__module__)
             if cluster is not None and not cluster.world.is_master:
                 cluster.serve(session)          # a worker: computes the master's steps, then exits
         ready = self._begin_call()
@@ -477,7 +477,7 @@ class JobFunction:
         if not any(p.kind == "list" for p in self.placeholders):
             return 1
         from flowc.runtime.distributed import join
-        cluster = join(default_session())
+        cluster = join(default_session(), self.fn.__module__)
         return cluster.ranks if cluster is not None else 1
 
     def _check_argument(self, p: PlaceholderSpec, value: Any) -> np.ndarray:

@@ -180,6 +180,14 @@ def _configured(config_values: Mapping[str, Any], env_values: Mapping[str, Any],
     return Configured(devices, devices_call, machines, machines_call, env_values.get("world_size"), listed)
 
 
+def configured_devices(config_values: Mapping[str, Any], env_values: Mapping[str, Any],
+                       device: str = HOST_DEVICE) -> tuple[int | None, int | None, str]:
+    """(devices per machine, machines, the call that set the devices) as the script configured them;
+    None where it did not say."""
+    configured = _configured(config_values, env_values, device)
+    return configured.devices, configured.machines, configured.devices_call
+
+
 def _address(machine: Any) -> str:
     return machine["addr"] if isinstance(machine, Mapping) else str(machine)
 

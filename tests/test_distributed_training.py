@@ -105,6 +105,41 @@ def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
     same(tmp_path / "one.npz", tmp_path / "two.npz")
 
 
+ALONE = """
+import numpy as np
+import flow
+import flow.typing as tp
+from flowc.runtime.session import default_session
+
+flow.config.cpu_device_num(2)
+print("before the first call", flush=True)
+
+
+@flow.global_function(type="train")
+def train_job(x: tp.Numpy.Placeholder((8, 4), dtype=flow.float),
+              y: tp.Numpy.Placeholder((8,), dtype=flow.int32)) -> tp.Numpy:
+    logits = flow.layers.dense(x, 3, name="d", kernel_initializer=flow.truncated_normal(0.1))
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+
+
+loss = train_job(np.ones((8, 4), np.float32), np.zeros(8, np.int32))
+print("ranks", default_session().ranks, "loss", loss.shape, flush=True)
+"""
+
+
+def test_a_script_run_alone_that_asks_for_two_devices_starts_them(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=environment(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "flow.config.cpu_device_num(2): this script runs again on 2 processes" in proc.stderr
+    assert proc.stdout.count("ranks 2 loss (8,)") == 1            # the master's result: the whole batch
+    assert proc.stdout.count("before the first call") == 3        # once alone, then on each rank
+
+
 def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(tmp_path):
     proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--mismatch"), capture_output=True,
                           text=True, timeout=300, env=environment())
