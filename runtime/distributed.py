@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from flowc.compiler import settings
 from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
@@ -45,7 +46,8 @@ from flowc.runtime.world import World, check_configuration, configured_devices, 
 
 # How often a rank looks whether the other ranks on its host are still alive.
 WATCH_SECONDS = 0.2
-# The tag of raw array messages (inputs' shares, results) after their pickled header.
+# The tags of the pickled control messages and of the raw arrays that follow them (shares, results).
+CONTROL_TAG = 0
 DATA_TAG = 7
 
 if TYPE_CHECKING:
@@ -64,6 +66,9 @@ class Cluster:
         self.engines: list[CommEngine] = []
         self.variables_sent = False
         self._closed = False
+        # Why the ranks can no longer work together (a timeout): the master's exit then ends every rank
+        # (MPI_Abort) instead of waiting, in MPI_Finalize, for a rank that no longer answers.
+        self.broken: str | None = None
         # (host, pid) of every rank, for the watchdog (a collective: every rank makes its cluster at once)
         self.peers: list[tuple[str, int]] = self.control.allgather((socket.gethostname(), os.getpid()))
         self.job = "the script"          # what this rank runs, for the watchdog's message
@@ -100,6 +105,24 @@ class Cluster:
         self.engines.append(engine)
         return engine
 
+    def receive(self, source: int, what: str) -> Any:
+        """The next control message from rank `source`, waited for at most FLOWC_COMM_TIMEOUT seconds:
+        a rank that stopped answering (stopped, hung, or on a host the watchdog cannot see) is an error
+        naming it, not a hang."""
+        control = self.control
+        if not control.Iprobe(source=source, tag=CONTROL_TAG):
+            timeout = settings.comm_timeout()
+            start, spins = time.monotonic(), 0
+            while not control.Iprobe(source=source, tag=CONTROL_TAG):
+                if timeout is not None and time.monotonic() - start > timeout:
+                    self.broken = (f"rank {source} did not answer within FLOWC_COMM_TIMEOUT={timeout:g} s while "
+                                   f"{what} (lost, stopped or hung)")
+                    raise DistributedError(self.broken)
+                spins += 1
+                if spins > 2000:     # past a short spin (a step's answer is usually just behind), yield the core
+                    time.sleep(0.0005)
+        return control.recv(source=source, tag=CONTROL_TAG)
+
     def waited_seconds(self) -> float:
         """Seconds this rank's steps spent waiting for gradient sums, over every step so far."""
         return sum(e.waited_seconds() for e in self.engines)
@@ -125,6 +148,12 @@ class Cluster:
         if self._closed or not self.world.is_master:
             return
         self._closed = True
+        if self.broken is not None:
+            from mpi4py import MPI
+            sys.stderr.write(f"flowc: the ranks of this job no longer work together ({self.broken}): ending "
+                             "every rank\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
         from flowc.runtime.session import default_session
         session = default_session()
         if session.cluster is self:
@@ -268,7 +297,8 @@ class DistributedStep(LoadedStep):
         for rank in range(1, cluster.ranks):
             cluster.control.send(("step", self.job_name, scalars, expected), dest=rank)
         if first:       # no rank may start the step's collectives before all agree on its graph
-            answers = [cluster.control.recv(source=rank) for rank in range(1, cluster.ranks)]
+            answers = [cluster.receive(rank, f"job {self.job_name!r} compared its graph")
+                       for rank in range(1, cluster.ranks)]
             mismatches = [text for status, text in answers if status == "mismatch"]
             failed = [f"rank {rank}: {text}" for rank, (status, text) in enumerate(answers, start=1)
                       if status == "error"]
@@ -281,21 +311,33 @@ class DistributedStep(LoadedStep):
                  for rank in range(1, cluster.ranks) for share in shards[rank]]
         try:
             local = self.inner.compute(slot)
-        finally:
-            MPI_Waitall(sends)
-            per_rank, failed = [], []
-            for rank in range(1, cluster.ranks):
-                status, text = cluster.control.recv(source=rank)
-                if status == "error":
-                    failed.append(f"rank {rank}: {text}")
-                    continue
-                outputs = _buffers(self.graph, self.graph.outputs)
-                for buffer in outputs:
-                    cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
-                per_rank.append(outputs)
+        except DistributedError as err:
+            cluster.broken = str(err)      # the sums timed out: the workers do not answer (shares may never go)
+            raise
+        except BaseException:
+            MPI_Waitall(sends)     # this rank's own failure (a NaN check): the workers answer as usual
+            self._results()
+            raise
+        MPI_Waitall(sends)
+        per_rank, failed = self._results()
         if failed:
             raise DistributedError("; ".join(failed))
         return self._combine([local] + per_rank)
+
+    def _results(self) -> tuple[list[list[np.ndarray]], list[str]]:
+        """Every worker's results of the step (or its error)."""
+        cluster = self.cluster
+        per_rank, failed = [], []
+        for rank in range(1, cluster.ranks):
+            status, text = cluster.receive(rank, f"running job {self.job_name!r}")
+            if status == "error":
+                failed.append(f"rank {rank}: {text}")
+                continue
+            outputs = _buffers(self.graph, self.graph.outputs)
+            for buffer in outputs:
+                cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
+            per_rank.append(outputs)
+        return per_rank, failed
 
     def _combine(self, per_rank: list[list[np.ndarray]]) -> list[Any]:
         results: list[Any] = []

@@ -36,8 +36,8 @@ def command(ranks: int, *args: str, cleanup: bool = True) -> list[str]:
     return python if ranks == 1 else [*launcher, *python]
 
 
-def environment() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLOWC_COMM_TIMEOUT="60")
+def environment(timeout: str = "60") -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), FLOWC_COMM_TIMEOUT=timeout)
 
 
 def run(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -138,6 +138,35 @@ def test_a_script_run_alone_that_asks_for_two_devices_starts_them(tmp_path):
     assert "flow.config.cpu_device_num(2): this script runs again on 2 processes" in proc.stderr
     assert proc.stdout.count("ranks 2 loss (8,)") == 1            # the master's result: the whole batch
     assert proc.stdout.count("before the first call") == 3        # once alone, then on each rank
+
+
+def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path):
+    # A stopped (SIGSTOP) rank looks alive to the watchdog, as a rank on another host would: the sums'
+    # timeout is what ends the job, and the master's exit then ends every rank (MPI_Abort).
+    proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environment(timeout="3"))
+    seen = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen += line
+        if "step 1" in seen and len(re.findall(r"pid \d \d+", seen)) == 2:
+            break
+    pids = {int(rank): int(pid) for rank, pid in re.findall(r"pid (\d) (\d+)", seen)}
+    os.kill(pids[1], signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the job hung after rank 1 stopped answering")
+    finally:
+        try:
+            os.kill(pids[1], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0 and 3 <= time.monotonic() - start < 30
+    assert "DistributedError" in err and "did not complete within FLOWC_COMM_TIMEOUT seconds" in err
+    assert "ending every rank" in err
 
 
 def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(tmp_path):
