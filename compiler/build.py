@@ -76,6 +76,10 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     distribution = None
     ranks = getattr(session, "ranks", 1)
     if ranks > 1:          # a distributed session: the graph of one rank (compiler/passes/data_parallel.py)
+        if getattr(config, "numerics_checked", False):
+            # a rank that stops at a NaN leaves the others waiting in the step's sums
+            raise UnsupportedError(f"{where}: function_config().check_numerics on {ranks} ranks is not supported "
+                                   "yet: run the job in one process to find the NaN")
         if ctx.split_variables:
             var, line = next(iter(ctx.split_variables.items()))
             raise UnsupportedError(f"{line}: variable {var!r} is declared split over the devices "

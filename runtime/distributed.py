@@ -192,11 +192,11 @@ class Cluster:
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
-            if expected is not None:     # the job's first step: do both ranks run the same graph?
+            if expected is not None:     # the job's first step: do all ranks run the same graph?
                 mismatch = _compare(expected, loaded.graph, self.world.rank)
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
-                if mismatch:
-                    continue
+                if mismatch or self.control.recv(source=0, tag=CONTROL_TAG)[0] != "go":
+                    continue             # another rank disagreed: no shares come
                 served[job_name] = (loaded, inputs)
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
                 self.control.Recv(buffer, source=0, tag=DATA_TAG)
@@ -288,6 +288,9 @@ class DistributedStep(LoadedStep):
 
     def compute(self, slot: Any) -> list[np.ndarray]:
         cluster = self.cluster
+        if cluster.broken is not None:
+            raise DistributedError(f"job {self.job_name!r}: the ranks of this run no longer work together "
+                                   f"({cluster.broken}); restart the job")
         cluster.job = f"job {self.job_name!r}"
         if not cluster.variables_sent:
             cluster.send_variables(self.session)
@@ -302,6 +305,10 @@ class DistributedStep(LoadedStep):
             mismatches = [text for status, text in answers if status == "mismatch"]
             failed = [f"rank {rank}: {text}" for rank, (status, text) in enumerate(answers, start=1)
                       if status == "error"]
+            verdict = "abort" if mismatches or failed else "go"
+            for rank, (status, _) in enumerate(answers, start=1):
+                if status == "ready":        # it waits for the verdict before the shares
+                    cluster.control.send((verdict,), dest=rank)
             if mismatches or failed:
                 raise DistributedError("; ".join(mismatches + failed))
             self._agreed = True
@@ -314,14 +321,16 @@ class DistributedStep(LoadedStep):
         except DistributedError as err:
             cluster.broken = str(err)      # the sums timed out: the workers do not answer (shares may never go)
             raise
-        except BaseException:
-            MPI_Waitall(sends)     # this rank's own failure (a NaN check): the workers answer as usual
-            self._results()
+        except BaseException as err:
+            # This rank stopped inside its step (it left the others' sums): the ranks' variables and
+            # collectives may no longer agree, so no later step runs.
+            cluster.broken = f"rank 0 failed in job {self.job_name!r}: {err}"
             raise
         MPI_Waitall(sends)
         per_rank, failed = self._results()
-        if failed:
-            raise DistributedError("; ".join(failed))
+        if failed:       # a worker stopped inside its step: the ranks may no longer agree
+            cluster.broken = "; ".join(failed)
+            raise DistributedError(cluster.broken)
         return self._combine([local] + per_rank)
 
     def _results(self) -> tuple[list[list[np.ndarray]], list[str]]:

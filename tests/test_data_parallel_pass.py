@@ -332,3 +332,74 @@ def test_a_placement_on_one_particular_device_is_said_to_run_as_data_parallelism
     with pytest.warns(UserWarning, match=r"test_data_parallel_pass.py:\d+: flow.scope.placement\(\.\.\., '0:1'\) .* "
                                          r"every rank runs them on its share of the batch"):
         _ = train_job_of(net).graph
+
+
+def refused(build, match: str) -> None:
+    with pytest.raises((flow.TraceError, flow.UnsupportedError), match=match):
+        _ = build().graph
+
+
+def predict_of(body, shape=(B, 3), dtype=flow.float):
+    @flow.global_function(type="predict")
+    def job(x: tp.Numpy.Placeholder(shape, dtype=dtype)) -> tp.Numpy:
+        return body(x)
+    return job
+
+
+@pytest.mark.parametrize("body, match", [
+    (lambda x: flow.nn.softmax(flow.reshape(x, [B * 3])), "softmax in a data-parallel job: its rows are the batch"),
+    (lambda x: flow.math.top_k(flow.reshape(x, [B * 3]), k=2), "top_k in a data-parallel job: its rows are the batch"),
+    (lambda x: flow.layers.layer_norm(x, begin_norm_axis=0, begin_params_axis=-1, center=False, scale=False),
+     "layer_norm in a data-parallel job: it normalises over the batch axis"),
+    (lambda x: flow.gather(flow.constant(1.0, dtype=flow.float, shape=(2, 5)),
+                           flow.cast(flow.math.reduce_sum(x, axis=1), flow.int32), axis=1),
+     "gather in a data-parallel job: it gathers from a broadcast value with split indices"),
+    (lambda x: flow.math.sqrt(flow.math.reduce_sum(flow.cast(x, flow.double), axis=0)),
+     "sqrt in a data-parallel job: it reads a sum over the ranks that flowc cannot make"),
+])
+def test_ops_that_read_across_the_batch_are_refused_not_split(body, match):
+    on_ranks(2)
+    refused(lambda: predict_of(body), match)
+
+
+def test_a_sum_is_made_before_a_cast_to_integers():
+    on_ranks(2)
+    graph = predict_of(lambda x: flow.cast(flow.math.reduce_sum(x, axis=0), flow.int32)).graph
+    (cast,) = [n for n in graph.nodes if n.op == "cast"]
+    assert graph.node(cast.inputs[0]).op == "all_reduce"
+
+
+def test_a_fill_made_split_by_a_later_reader_gets_its_own_statistics_summed():
+    on_ranks(2)
+
+    def body(x):
+        c = flow.constant(1.0, dtype=flow.float, shape=(B, 3))
+        return x + c * flow.math.reduce_sum(c, axis=0, keepdims=True)     # c: a fill each rank makes its share of
+
+    graph = predict_of(body).graph
+    (total,) = all_reduces(graph)          # the column sums of c over the whole batch, not of one share
+    assert graph.node(total.inputs[0]).op == "reduce_sum" and total.type.shape == (1, 3)
+
+
+def test_check_numerics_and_mirrored_sparse_updates_are_refused_on_several_ranks():
+    on_ranks(2)
+    config = flow.function_config()
+    config.check_numerics(True)
+
+    @flow.global_function(type="predict", function_config=config)
+    def checked(x: tp.Numpy.Placeholder((B, 3), dtype=flow.float)) -> tp.Numpy:
+        return flow.math.relu(x)
+
+    refused(lambda: checked, r"check_numerics on 2 ranks is not supported yet")
+
+    mirrored = flow.function_config()
+    mirrored.default_logical_view(flow.scope.mirrored_view())
+
+    @flow.global_function(type="train", function_config=mirrored)
+    def sparse(ids: tp.ListNumpy.Placeholder((B,), dtype=flow.int32)) -> tp.ListNumpy:
+        table = flow.get_variable("emb", shape=(10, 4), initializer=flow.random_uniform_initializer(-1, 1, seed=1))
+        loss = flow.math.reduce_mean(flow.math.square(flow.gather(table, ids)), axis=1)
+        flow.optimizer.LazyAdam(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)
+        return loss
+
+    refused(lambda: sparse, r"unique_indices in a data-parallel job: it computes a sparse \(indexed-slices\) update")

@@ -178,6 +178,13 @@ def test_ranks_with_different_graphs_are_refused_naming_the_first_differing_op(t
     assert not (tmp_path / "x.npz").exists()
 
 
+def test_four_ranks_where_one_disagrees_stop_without_a_hang(tmp_path):
+    # rank 1 built another graph, ranks 2 and 3 the master's: the master tells them not to wait for shares
+    proc = subprocess.run(command(4, "mlp", "2", str(tmp_path / "x.npz"), "--mismatch"), capture_output=True,
+                          text=True, timeout=120, env=environment())
+    assert proc.returncode != 0 and "differs between rank 0 and rank 1 at op" in proc.stderr
+
+
 def kill_mid_run(lost: int, tmp_path: Path) -> tuple[int, str, dict[int, int], float]:
     """Start a 50-step run on 2 ranks, SIGKILL rank `lost` after step 1, wait for the job to end:
     (exit code, stderr, the ranks' pids, seconds from the kill to the end)."""

@@ -45,6 +45,9 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
   if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
   bucket_t* k = &c->bucket[b];
+  /* A bucket still in flight (a step that stopped before its wait) would be overwritten under MPI:
+     refuse, and the runtime stops the job rather than let the ranks' sums pair up wrongly. */
+  if (k->request != MPI_REQUEST_NULL) return FLOWC_COMM_ERROR_FAILED;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) total += sizes[i];
   if (total > k->capacity) {
@@ -118,11 +121,13 @@ void flowc_comm_fill(void* opaque, struct flowc_comm* table) {
 
 double flowc_comm_waited_seconds(void* opaque) { return ((flowc_mpi_t*)opaque)->waited_seconds; }
 
-/* Frees the buckets; a request still in flight (a step that failed) is left to MPI_Finalize. */
+/* Frees the buckets, but not one still in flight (a step that failed before its wait): MPI may still
+   write into it, so it is left to the process's end. */
 void flowc_comm_close(void* opaque) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
   if (!c) return;
-  for (int b = 0; b < c->buckets; ++b) free(c->bucket[b].data);
+  for (int b = 0; b < c->buckets; ++b)
+    if (c->bucket[b].request == MPI_REQUEST_NULL) free(c->bucket[b].data);
   free(c->bucket);
   free(c);
 }

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flowc.compiler.errors import TraceError
-from flowc.compiler.ir import Graph, GraphBuilder, Node
+from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 
@@ -49,6 +49,15 @@ SPLIT, BROADCAST, PARTIAL = "split", "broadcast", "partial_sum"
 LINEAR_IN_ALL = {"add", "subtract", "negative", "snapshot", "reshape", "device_copy", "reduce_sum",
                  "broadcast_to", "transpose"}
 LINEAR_IN_FIRST = {"multiply", "divide", "cast"}      # multiply: either operand, the other broadcast
+# Ops that work on each example (along axis 0) separately, once the checks in `_split` hold: whole rows
+# along the last axis (LAST_AXIS_ROWS, NORM_ROWS from begin_norm_axis), NCHW windows, per-element ops.
+LAST_AXIS_ROWS = {"softmax", "argmax", "top_k", "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
+                  "fused_scale_mask_softmax", "fused_scale_mask_softmax_grad"}
+NORM_ROWS = {"layer_norm", "layer_norm_grad"}
+ROWWISE = LAST_AXIS_ROWS | NORM_ROWS | {
+    "conv2d", "conv2d_grad_input", "max_pool2d", "avg_pool2d", "max_pool2d_grad", "avg_pool2d_grad",
+    "one_hot", "concat", "slice_axis", "strided_slice", "slice_update", "batch_norm", "batch_norm_grad"}
+SPARSE_UPDATES = {"unique_indices", "indexed_slices_reduce_sum", "gather_rows", "scatter_rows"}
 # Ops whose result sums over the batch rows of their split operands: the result is partial.
 BATCH_CONTRACTIONS = {"conv2d_grad_filter", "layer_norm_gamma_grad", "batch_norm_grad_sums"}
 # Ops that need the whole batch, and what it would take.
@@ -92,22 +101,29 @@ class _Layouts:
     def __init__(self, graph: Graph, ranks: int, mirrored: bool = False) -> None:
         self.graph, self.ranks, self.mirrored = graph, ranks, mirrored
         self.layout: dict[int, str] = {}
-        self.position = {n.id: k for k, n in enumerate(graph.nodes)}
         self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
+        self.relabelled: set[int] = set()               # fills whose readers need them split (sticky)
 
     def of(self, i: int) -> str:
         return self.layout[i]
 
     def run(self) -> dict[int, str]:
-        for n in self.graph.nodes:
-            try:
-                self.layout[n.id] = self._decide(n)
-            except TraceError:
-                if not self.mirrored:
-                    raise
-                # Mirrored: every rank computes its own batch whole; nothing is split, nothing refused.
-                self.layout[n.id] = SPLIT
-        return self.layout
+        """Decide every node in graph order, again until nothing changes: a fill relabelled split by a
+        later reader changes what the nodes between them must be (relabels and sums only grow, so
+        this ends)."""
+        for _ in range(len(self.graph.nodes) + 1):
+            before = (dict(self.layout), set(self.reduced), set(self.relabelled))
+            for n in self.graph.nodes:
+                try:
+                    self.layout[n.id] = self._decide(n)
+                except TraceError:
+                    if not self.mirrored or n.op in SPARSE_UPDATES:
+                        raise
+                    # Mirrored: every rank computes its own batch whole: a row-mixing op is no error there.
+                    self.layout[n.id] = SPLIT
+            if before == (self.layout, self.reduced, self.relabelled):
+                return self.layout
+        raise AssertionError("the data-parallel layouts did not settle")
 
     def _reduce_partials(self, n: Node) -> None:
         for i in n.inputs:
@@ -119,6 +135,9 @@ class _Layouts:
 
     def _decide(self, n: Node) -> str:
         rule = OPS[n.op]
+        if n.id in self.relabelled:     # a fill its readers need split: whatever it reads, summed first
+            self._reduce_partials(n)
+            return SPLIT
         if n.op == "input":
             if not n.type.shape or n.type.shape[0] % self.ranks:
                 raise TraceError(f"{n.loc}: placeholder {n.name or n.attr('index')!r} of shape {list(n.type.shape)}: "
@@ -156,22 +175,7 @@ class _Layouts:
             if OPS[n.op].kind == "pointwise" and len(shape) != len(n.type.shape):
                 continue        # right-aligned: its axis 0 is not the batch axis
             if self._fill(i):
-                changed: set[int] = set()
-                self._relabel(i, changed)
-                self._refresh(changed, n)
-
-    def _refresh(self, changed: set[int], upto: Node) -> None:
-        """Decide again the nodes before `upto` that read a relabelled value (they were decided with
-        it whole)."""
-        start = min(self.position[i] for i in changed)
-        for m in self.graph.nodes[start + 1:self.position[upto.id]]:
-            if m.id in changed or not any(i in changed for i in m.inputs):
-                continue
-            before = self.layout[m.id]
-            after = self._decide(m)
-            if after != before:
-                self.layout[m.id] = after
-                changed.add(m.id)
+                self._relabel(i)
 
     def _fill(self, i: int) -> bool:
         """Is `i` computed from constants and runtime scalars only, with its batch axis made by a
@@ -187,18 +191,18 @@ class _Layouts:
         shape = self.graph.node(i).type.shape
         return len(shape) < len(out) or not shape or shape[0] == 1
 
-    def _relabel(self, i: int, changed: set[int]) -> None:
+    def _relabel(self, i: int) -> None:
         node = self.graph.node(i)
-        if self.layout[i] == SPLIT:
+        if i in self.relabelled:
             return
         if node.type.shape[0] % self.ranks:
             raise _error(node, f"its batch axis {node.type.shape[0]} does not divide over {self.ranks} ranks")
         self.layout[i] = SPLIT
-        changed.add(i)
+        self.relabelled.add(i)
         if node.op not in FILL_OPS:
             for x in node.inputs:
                 if not self._not_batch_shaped(x, node.type.shape):
-                    self._relabel(x, changed)
+                    self._relabel(x)
 
     def _partial(self, n: Node) -> str | None:
         """The layout of `n` when a partial operand passes through it, else None."""
@@ -208,6 +212,9 @@ class _Layouts:
                 return PARTIAL
             return None
         if n.op in LINEAR_IN_FIRST:
+            if n.op == "cast" and not (n.type.dtype in FLOAT_DTYPES and
+                                       self.graph.node(n.inputs[0]).type.dtype in FLOAT_DTYPES):
+                return None        # rounding to an integer is not linear: sum first
             if n.op == "multiply" and sorted(layouts) == [BROADCAST, PARTIAL]:
                 return PARTIAL
             if layouts[0] == PARTIAL and all(x == BROADCAST for x in layouts[1:]):
@@ -239,6 +246,13 @@ class _Layouts:
             return self._gather(n)
         if not out or out[0] % self.ranks:
             raise _error(n, f"its result {list(out)} has no batch axis that divides over {self.ranks} ranks")
+        kind = OPS[n.op].kind
+        if kind not in ("pointwise", "view") and n.op not in ROWWISE:
+            raise _error(n, "flowc does not know how it reads the batch axis")
+        if n.op in LAST_AXIS_ROWS and len(self.graph.node(n.inputs[0]).type.shape) < 2:
+            raise _error(n, "its rows are the batch axis itself")
+        if n.op in NORM_ROWS and n.attr("begin_norm_axis") < 1:
+            raise _error(n, "it normalises over the batch axis")
         if n.op == "reshape":
             return SPLIT          # a split is a contiguous range of the flat value: any reshape keeps it
         for i in split:
@@ -259,12 +273,16 @@ class _Layouts:
         sums the batch's rows into the table: partial."""
         per_example = n.attr("batch_dims") >= 1
         if n.op == "gather_grad":
-            return SPLIT if per_example else PARTIAL
+            if per_example:
+                return SPLIT
+            if n.attr("axis") != 0:
+                raise _error(n, f"it scatters into axis {n.attr('axis')} of a table")
+            return PARTIAL
         params, indices = (self._effective(n, i) for i in n.inputs)
         if per_example and params == indices == SPLIT:
             return SPLIT
-        if not per_example and params == BROADCAST and indices == SPLIT:
-            return SPLIT
+        if not per_example and n.attr("axis") == 0 and params == BROADCAST and indices == SPLIT:
+            return SPLIT           # rows of a whole table: the result's axis 0 is the indices' (the batch)
         raise _error(n, f"it gathers from a {params} value with {indices} indices (batch_dims="
                         f"{n.attr('batch_dims')})")
 
@@ -310,9 +328,11 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
             attrs = {"ranks": ranks, "scale": scale, "bucket_bytes": bucket_bytes}
-            reduced[i] = builder.add("all_reduce", [new_id[i]], attrs,
-                                     loc=graph.node(i).loc, role=where.role,
-                                     device=graph.node(i).type.device)
+            try:
+                reduced[i] = builder.add("all_reduce", [new_id[i]], attrs, loc=graph.node(i).loc, role=where.role,
+                                         device=graph.node(i).type.device)
+            except ShapeError as err:
+                raise _error(where, f"it reads a sum over the ranks that flowc cannot make ({err})") from None
         return reduced[i]
 
     rank: list[int] = []             # the runtime scalar data_parallel_rank, once a random draw is split
