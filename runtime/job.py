@@ -345,6 +345,11 @@ class JobFunction:
             arrays = self._bind(args, kwargs)
             shapes = tuple(a.shape for a in arrays)
             if shapes != self._declared_shapes and self._ranks_of_mirrored_inputs() == 1:
+                cluster = default_session().cluster
+                if cluster is not None:
+                    raise JobCallError(f"job {self.name!r} runs on {cluster.ranks} ranks: its list inputs must have "
+                                       f"their placeholders' shapes {list(self._declared_shapes)} there (smaller "
+                                       f"ones, here {list(shapes)}, are not supported on several ranks yet)")
                 return self._variant(shapes)._call_bound(arrays)
         return self._call_bound(arrays)
 
@@ -473,8 +478,9 @@ class JobFunction:
         return [self._check_argument(p, value) for p, value in zip(declared, flat)]
 
     def _ranks_of_mirrored_inputs(self) -> int:
-        """How many devices a mirrored input has an array for: the ranks of a distributed session, else 1."""
-        if not any(p.kind == "list" for p in self.placeholders):
+        """How many devices a mirrored input has an array for: the ranks of a distributed session (in the
+        mirrored view), else 1."""
+        if self.config.logical_view != "mirrored" or not any(p.kind == "list" for p in self.placeholders):
             return 1
         from flowc.runtime.distributed import join
         cluster = join(default_session(), self.fn.__module__)

@@ -88,6 +88,7 @@ def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_p
                               text=True, timeout=300, env=environment())
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.count("mirrored: done") == 1
+        assert ("smaller refused: True" in proc.stdout) == (ranks == 2)
     same(tmp_path / "one.npz", tmp_path / "two.npz")
 
 

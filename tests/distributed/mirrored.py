@@ -54,6 +54,11 @@ for _ in range(4):
         loss, out = train_job([np.concatenate(xs)], [np.concatenate(ys)])
         losses.append(loss[0])
         logits.append(out[0])
+if DEVICES > 1:        # smaller arrays than the placeholder's: refused on several ranks, naming the shapes
+    try:
+        train_job([xs[0][:4], xs[1][:4]], [ys[0][:4], ys[1][:4]])
+    except ValueError as err:
+        print("smaller refused:", "must have shape (16, 20)" in str(err), flush=True)
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
 np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), **{f"var:{k}": v for k, v in values.items()})
 print("mirrored: done", flush=True)
