@@ -80,6 +80,17 @@ def test_a_checkpoint_moves_between_device_counts(saved_by, loaded_by, tmp_path)
     np.testing.assert_allclose(b["losses"], a["losses"][3:], rtol=1e-5, atol=1e-5)
 
 
+def test_bert_tiny_with_its_dropout_on_two_ranks_trains_as_one_process(tmp_path):
+    script = str(ROOT / "tests" / "distributed" / "bert_tiny.py")
+    for ranks, out in ((1, "one.npz"), (2, "two.npz")):
+        argv = [sys.executable, script, str(tmp_path / out)]
+        proc = subprocess.run(argv if ranks == 1 else [str(MPIEXEC), "-n", "2", *argv], capture_output=True,
+                              text=True, timeout=300, env=environment())
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("bert_tiny: done") == 1
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
 def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_path):
     script = str(ROOT / "tests" / "distributed" / "mirrored.py")
     for ranks, out in ((1, "one.npz"), (2, "two.npz")):

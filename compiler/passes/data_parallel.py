@@ -113,15 +113,20 @@ class _Layouts:
         this ends)."""
         for _ in range(len(self.graph.nodes) + 1):
             before = (dict(self.layout), set(self.reduced), set(self.relabelled))
+            refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
             for n in self.graph.nodes:
                 try:
                     self.layout[n.id] = self._decide(n)
-                except TraceError:
-                    if not self.mirrored or n.op in SPARSE_UPDATES:
-                        raise
-                    # Mirrored: every rank computes its own batch whole: a row-mixing op is no error there.
+                except TraceError as err:
+                    if self.mirrored and n.op not in SPARSE_UPDATES:
+                        # Mirrored: every rank computes its own batch whole: a row-mixing op is no error there.
+                        self.layout[n.id] = SPLIT
+                        continue
+                    refusals.append(err)
                     self.layout[n.id] = SPLIT
             if before == (self.layout, self.reduced, self.relabelled):
+                if refusals:
+                    raise refusals[0]
                 return self.layout
         raise AssertionError("the data-parallel layouts did not settle")
 
