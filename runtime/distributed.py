@@ -169,6 +169,13 @@ class Cluster:
         """Run the master's steps until it says exit; then end this process (a worker never goes back
         to the script: only the master prints, saves and fires callbacks)."""
         served: dict[str, tuple[LoadedStep, list[np.ndarray]]] = {}     # job -> its step and input buffers
+        # The master's values of variables no job has declared here yet (a worker traces a job only at
+        # its first step): written as soon as a traced job declares them.
+        pending: dict[str, np.ndarray] = {}
+
+        def write_values() -> None:
+            for name in [n for n in pending if n in session.variables]:
+                np.copyto(session.value(name), pending.pop(name))
         while True:
             message = self.control.recv(source=0)
             kind = message[0]
@@ -179,11 +186,11 @@ class Cluster:
                 clear_default_session()
                 session = default_session()
                 served.clear()
+                pending.clear()
                 continue
             if kind == "variables":
-                for name, value in message[1].items():
-                    if name in session.variables:
-                        np.copyto(session.value(name), value)
+                pending.update(message[1])
+                write_values()
                 continue
             _, job_name, scalars, expected = message
             self.job = f"job {job_name!r}"
@@ -192,6 +199,8 @@ class Cluster:
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
+            if pending:
+                write_values()
             if expected is not None:     # the job's first step: do all ranks run the same graph?
                 mismatch = _compare(expected, loaded.graph, self.world.rank)
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)

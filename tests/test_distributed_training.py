@@ -115,6 +115,11 @@ def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
     run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2")
     run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2")
     same(tmp_path / "one.npz", tmp_path / "two.npz")
+    # values the master alone loads into the new session reach the workers before their jobs declare them
+    run(1, "mlp", "3", str(tmp_path / "saved.npz"), "--save", str(tmp_path / "ckpt"))
+    run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2", "--load-after-clear", str(tmp_path / "ckpt"))
+    run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2", "--load-after-clear", str(tmp_path / "ckpt"))
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
 
 
 ALONE = """

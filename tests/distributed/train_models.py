@@ -11,6 +11,7 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --mismatch                rank 1 builds a wider hidden layer (a script that differs between ranks)
     --bad-label               the last step's last label is out of range (it lies in rank 1's share)
     --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
+    --load-after-clear DIR    and then load a checkpoint (past the first call: the master alone runs it)
 """
 import os
 import sys
@@ -100,6 +101,8 @@ for step in range(STEPS):
     losses.append(train_job(x, y))
     if option("--clear-after") and step + 1 == int(option("--clear-after")):
         flow.clear_default_session()
+        if option("--load-after-clear"):
+            flow.load_variables(flow.checkpoint.get(option("--load-after-clear")))
     if "--announce" in OPTIONS:
         print(f"step {step}", flush=True)
         time.sleep(0.5)
