@@ -175,7 +175,9 @@ class Cluster:
 
         def write_values() -> None:
             for name in [n for n in pending if n in session.variables]:
-                np.copyto(session.value(name), pending.pop(name))
+                value, mine = pending.pop(name), session.value(name)
+                if value.shape == mine.shape:      # else the graphs differ: the fingerprint check says where
+                    np.copyto(mine, value)
         while True:
             message = self.control.recv(source=0)
             kind = message[0]
@@ -199,14 +201,14 @@ class Cluster:
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
-            if pending:
-                write_values()
             if expected is not None:     # the job's first step: do all ranks run the same graph?
                 mismatch = _compare(expected, loaded.graph, self.world.rank)
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
                 if mismatch or self.control.recv(source=0, tag=CONTROL_TAG)[0] != "go":
                     continue             # another rank disagreed: no shares come
                 served[job_name] = (loaded, inputs)
+            if pending:
+                write_values()
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
                 self.control.Recv(buffer, source=0, tag=DATA_TAG)
             if RANK_SCALAR in loaded.graph.scalars:      # this rank's share of the job's random draws
