@@ -20,8 +20,12 @@ Constants in the graph keep their global meaning: a mean over the batch divides 
 batch, so the partial sums of the ranks add up to the logical value exactly (OneFlow divides the
 loss's gradient by the global instance count the same way).
 
-An op this pass cannot place (a max over the batch axis, a sparse embedding update) is an error
-naming the op and its line: results never silently differ from the one-process job.
+An op this pass cannot place (a max over the batch axis, a sparse embedding update, an op it does
+not know to work example by example) is an error naming the op and its line: results never
+silently differ from the one-process job.  A random draw split over the ranks (dropout) becomes
+its `_shard` op, which draws this rank's share of the one-process draw.  In the mirrored view the
+graph is already one rank's job: nothing is reshaped, and only the gradients are summed (and
+averaged) before their updates.
 
 Example::
 
