@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from flowc.compiler.comm_library import mpi_tool
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,8 +75,7 @@ def run_launch(workload: str, seconds: float, out: Path) -> None:
 
 def find_mpiexec() -> str | None:
     """The MPICH wheel's mpiexec beside this Python, else one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.is_file() else shutil.which("mpiexec")
+    return mpi_tool("mpiexec")
 
 
 def measure(workload: str, ranks: int, seconds: float, mpiexec: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import shlex
 import shutil
 import sys
@@ -37,9 +38,18 @@ class CommLibraryError(RuntimeError):
     """The MPI engine could not be built: no mpicc, or it failed."""
 
 
+def mpi_tool(name: str, python: str = sys.executable, path: str | None = None) -> str | None:
+    """MPI's `name` (mpiexec, mpicc) beside `python` (a venv with the MPICH wheel), else the first on
+    PATH (`path`, when given), else None: the one lookup flowc, `flowc launch`, the benchmarks and
+    the tests use, so they all find the MPI that mpi4py's wheel brought."""
+    beside = Path(python).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name, path=path)
+
+
 def find_mpicc() -> list[str]:
-    """The MPI C compiler wrapper as an argv prefix: ``$FLOWC_MPICC``, else ``mpicc`` next to this
-    Python (a venv with the MPICH wheel), else ``mpicc`` on PATH."""
+    """The MPI C compiler wrapper as an argv prefix: ``$FLOWC_MPICC``, else `mpi_tool("mpicc")`."""
     env = settings.mpicc()
     if env:
         argv = shlex.split(env)
@@ -47,10 +57,7 @@ def find_mpicc() -> list[str]:
         if resolved is None:
             raise CommLibraryError(f"FLOWC_MPICC={env!r}: {argv[0]!r} was not found")
         return [resolved, *argv[1:]]
-    beside = Path(sys.executable).parent / "mpicc"
-    if beside.is_file():
-        return [str(beside)]
-    found = shutil.which("mpicc")
+    found = mpi_tool("mpicc")
     if found is None:
         raise CommLibraryError(f"building flowc's MPI engine needs mpicc, which was not found: {INSTALL_HINT}, "
                                "or point FLOWC_MPICC at your MPI's wrapper")
@@ -69,10 +76,11 @@ def _wrapped_command(mpicc: list[str]) -> list[str]:
 
 
 def _cache_run(argv: list[str]):
-    from flowc.compiler.toolchain import _run
+    """The wrapper's run, or None where it cannot run at all (the caller names the wrapper)."""
+    from flowc.compiler.toolchain import ToolchainError, _run
     try:
         return _run(argv)
-    except Exception:
+    except ToolchainError:
         return None
 
 

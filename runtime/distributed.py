@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
-import shutil
 import socket
 import sys
 import threading
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from flowc.compiler import settings
+from flowc.compiler.comm_library import mpi_tool
 from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
@@ -337,7 +337,7 @@ class DistributedStep(LoadedStep):
             # collectives may no longer agree, so no later step runs.
             cluster.broken = f"rank 0 failed in job {self.job_name!r}: {err}"
             raise
-        MPI_Waitall(sends)
+        _wait_all(sends)
         per_rank, failed = self._results()
         if failed:       # a worker stopped inside its step: the ranks may no longer agree
             cluster.broken = "; ".join(failed)
@@ -409,8 +409,7 @@ def relaunch_alone(world: World, job_module: str | None) -> None:
     if path is None or getattr(main, "__spec__", None) is not None or not sys.argv[0] or \
             Path(sys.argv[0]).resolve() != Path(path).resolve():
         return
-    beside = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    mpiexec = mpi_tool("mpiexec")
     if mpiexec is None:
         return
     argv = [mpiexec, "-n", str(devices), sys.executable, *sys.argv]
@@ -476,7 +475,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def MPI_Waitall(requests: list) -> None:     # noqa: N802 - MPI's name
+def _wait_all(requests: list) -> None:
     """Wait for mpi4py requests (the shares' sends: their buffers must live until then)."""
     if requests:
         from mpi4py import MPI

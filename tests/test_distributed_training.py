@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flowc.compiler.comm_library import mpi_tool
+
 pytest.importorskip("mpi4py")
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "distributed" / "train_models.py"
-# the MPICH wheel's mpiexec beside this Python, else one on PATH
-MPIEXEC = next((p for p in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec"))
-                if p and Path(p).is_file()), None)
+MPIEXEC = mpi_tool("mpiexec")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'flowc[distributed]')")]
 
@@ -80,27 +79,29 @@ def test_a_checkpoint_moves_between_device_counts(saved_by, loaded_by, tmp_path)
     np.testing.assert_allclose(b["losses"], a["losses"][3:], rtol=1e-5, atol=1e-5)
 
 
-def test_bert_tiny_with_its_dropout_on_two_ranks_trains_as_one_process(tmp_path):
-    script = str(ROOT / "tests" / "distributed" / "bert_tiny.py")
+def one_and_two_ranks(program: str, tmp_path: Path) -> list[str]:
+    """tests/distributed/PROGRAM.py on one process and on 2 ranks, each saving OUT.npz; both must
+    succeed and save the same values.  Their stdouts."""
+    script = str(ROOT / "tests" / "distributed" / f"{program}.py")
+    printed = []
     for ranks, out in ((1, "one.npz"), (2, "two.npz")):
         argv = [sys.executable, script, str(tmp_path / out)]
         proc = subprocess.run(argv if ranks == 1 else [str(MPIEXEC), "-n", "2", *argv], capture_output=True,
                               text=True, timeout=300, env=environment())
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.count("bert_tiny: done") == 1
+        assert proc.stdout.count(f"{program}: done") == 1        # the master alone prints
+        printed.append(proc.stdout)
     same(tmp_path / "one.npz", tmp_path / "two.npz")
+    return printed
+
+
+def test_bert_tiny_with_its_dropout_on_two_ranks_trains_as_one_process(tmp_path):
+    one_and_two_ranks("bert_tiny", tmp_path)
 
 
 def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_path):
-    script = str(ROOT / "tests" / "distributed" / "mirrored.py")
-    for ranks, out in ((1, "one.npz"), (2, "two.npz")):
-        argv = [sys.executable, script, str(tmp_path / out)]
-        proc = subprocess.run(argv if ranks == 1 else [str(MPIEXEC), "-n", "2", *argv], capture_output=True,
-                              text=True, timeout=300, env=environment())
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.count("mirrored: done") == 1
-        assert ("smaller refused: True" in proc.stdout) == (ranks == 2)
-    same(tmp_path / "one.npz", tmp_path / "two.npz")
+    one, two = one_and_two_ranks("mirrored", tmp_path)
+    assert "smaller refused: True" not in one and "smaller refused: True" in two
 
 
 def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_nothing(tmp_path):
@@ -157,31 +158,39 @@ def test_a_script_run_alone_that_asks_for_two_devices_starts_them(tmp_path):
     assert proc.stdout.count("before the first call") == 3        # once alone, then on each rank
 
 
-def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path):
-    # A stopped (SIGSTOP) rank looks alive to the watchdog, as a rank on another host would: the sums'
-    # timeout is what ends the job, and the master's exit then ends every rank (MPI_Abort).
-    proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=environment(timeout="3"))
+def signal_mid_run(rank: int, signum: int, tmp_path: Path, cleanup: bool = False,
+                   timeout: str = "60") -> tuple[int, str, dict[int, int], float]:
+    """Start a 50-step run on 2 ranks, send `signum` to rank `rank` after step 1, wait for the job to
+    end: (exit code, stderr, the ranks' pids, seconds from the signal to the end)."""
+    proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce", cleanup=cleanup),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(timeout))
     seen = ""
     assert proc.stdout is not None
-    for line in proc.stdout:
+    for line in proc.stdout:          # the ranks' lines may interleave: read the pids from the whole text
         seen += line
         if "step 1" in seen and len(re.findall(r"pid \d \d+", seen)) == 2:
             break
-    pids = {int(rank): int(pid) for rank, pid in re.findall(r"pid (\d) (\d+)", seen)}
-    os.kill(pids[1], signal.SIGSTOP)
+    pids = {int(r): int(pid) for r, pid in re.findall(r"pid (\d) (\d+)", seen)}
+    os.kill(pids[rank], signum)
     start = time.monotonic()
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail("the job hung after rank 1 stopped answering")
+        pytest.fail(f"the job hung after rank {rank} got signal {signum}")
     finally:
         try:
-            os.kill(pids[1], signal.SIGKILL)
+            os.kill(pids[rank], signal.SIGKILL)     # a stopped process outlives its job
         except ProcessLookupError:
             pass
-    assert proc.returncode != 0 and 3 <= time.monotonic() - start < 30
+    return proc.returncode, err, pids, time.monotonic() - start
+
+
+def test_a_rank_that_stops_answering_ends_the_job_after_the_timeout(tmp_path):
+    # A stopped (SIGSTOP) rank looks alive to the watchdog, as a rank on another host would: the sums'
+    # timeout is what ends the job, and the master's exit then ends every rank (MPI_Abort).
+    code, err, _, seconds = signal_mid_run(1, signal.SIGSTOP, tmp_path, cleanup=True, timeout="3")
+    assert code != 0 and 3 <= seconds < 30
     assert "DistributedError" in err and "did not complete within FLOWC_COMM_TIMEOUT seconds" in err
     assert "ending every rank" in err
 
@@ -202,28 +211,6 @@ def test_four_ranks_where_one_disagrees_stop_without_a_hang(tmp_path):
     assert proc.returncode != 0 and "differs between rank 0 and rank 1 at op" in proc.stderr
 
 
-def kill_mid_run(lost: int, tmp_path: Path) -> tuple[int, str, dict[int, int], float]:
-    """Start a 50-step run on 2 ranks, SIGKILL rank `lost` after step 1, wait for the job to end:
-    (exit code, stderr, the ranks' pids, seconds from the kill to the end)."""
-    proc = subprocess.Popen(command(2, "mlp", "50", str(tmp_path / "x.npz"), "--announce", cleanup=False),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
-    seen = ""
-    assert proc.stdout is not None
-    for line in proc.stdout:          # the ranks' lines may interleave: read the pids from the whole text
-        seen += line
-        if "step 1" in seen and len(re.findall(r"pid \d \d+", seen)) == 2:
-            break
-    pids = {int(rank): int(pid) for rank, pid in re.findall(r"pid (\d) (\d+)", seen)}
-    os.kill(pids[lost], signal.SIGKILL)
-    start = time.monotonic()
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"the job hung after rank {lost} was killed")
-    return proc.returncode, err, pids, time.monotonic() - start
-
-
 @pytest.mark.parametrize("lost", [1, 0])
 def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
     # Hydra's auto-cleanup would kill the survivor itself at once (naming a pid): without it, flowc's
@@ -234,7 +221,7 @@ def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
     # quickly with an error.
     named = False
     for _ in range(3 if lost == 1 else 1):
-        code, err, pids, seconds = kill_mid_run(lost, tmp_path)
+        code, err, pids, seconds = signal_mid_run(lost, signal.SIGKILL, tmp_path)
         assert code != 0 and seconds < 30
         assert not (tmp_path / "x.npz").exists()
         if f"flowc: rank 1 (pid {pids[1]} on " in err and "was lost while running job 'train_job'" in err:

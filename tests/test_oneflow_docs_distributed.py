@@ -12,19 +12,18 @@ import importlib.util
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from flowc.compiler.comm_library import mpi_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "examples" / "oneflow_docs" / "distributed"
 STEPS = 3
-# the MPICH wheel's mpiexec beside this Python, else one on PATH
-MPIEXEC = next((p for p in (Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec"))
-                if p and Path(p).is_file()), None)
+MPIEXEC = mpi_tool("mpiexec")
 INSTALL = "pip install 'flowc[distributed]'"
 MPI_MARKS = (pytest.mark.slow,
              pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason=f"no mpi4py ({INSTALL})"),

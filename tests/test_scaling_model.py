@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -253,8 +252,8 @@ TOLERANCE = 2.0
 
 
 def _mpiexec() -> str | None:
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec")
+    from flowc.compiler.comm_library import mpi_tool
+    return mpi_tool("mpiexec")
 
 
 @pytest.mark.slow

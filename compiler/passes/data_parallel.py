@@ -36,14 +36,12 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 
-Layout = Literal["split", "broadcast", "partial_sum"]
 # OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
 DEFAULT_BUCKET_BYTES = 16 << 20
 SPLIT, BROADCAST, PARTIAL = "split", "broadcast", "partial_sum"
@@ -89,9 +87,6 @@ class Distribution:
     layouts: dict[int, str]
     outputs: list[str]
     mirrored: bool = False
-
-    def format(self, graph: Graph) -> str:
-        return "\n".join(f"%{n.id} {n.op}: {self.layouts[n.id]}" for n in graph.nodes)
 
 
 def _error(node: Node, why: str) -> TraceError:

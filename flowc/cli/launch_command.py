@@ -14,15 +14,14 @@ forwarding its exit code.  Every argument is an argv item, never a shell word.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from flowc.compiler.comm_library import mpi_tool
 from flowc.cli.modules import CliError
 from flowc.compiler import settings
 from flowc.runtime.world import DEVICES_PER_MACHINE_ENV
@@ -75,10 +74,7 @@ def add_parser(sub) -> None:
 
 def find_mpiexec(python: str = sys.executable, path: str | None = None) -> str:
     """mpiexec beside `python` (a venv with the mpich wheel), else the first on PATH."""
-    beside = Path(python).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("mpiexec", path=path)
+    found = mpi_tool("mpiexec", python, path)
     if found is None:
         raise CliError(f"no mpiexec beside {python} or on PATH; `{INSTALL_HINT}` installs MPICH's (or install "
                        "Open MPI or MPICH with the system's package manager)")
