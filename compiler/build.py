@@ -80,16 +80,26 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
             # a rank that stops at a NaN leaves the others waiting in the step's sums
             raise UnsupportedError(f"{where}: function_config().check_numerics on {ranks} ranks is not supported "
                                    "yet: run the job in one process to find the NaN")
-        if ctx.split_variables:
-            var, line = next(iter(ctx.split_variables.items()))
-            raise UnsupportedError(f"{line}: variable {var!r} is declared split over the devices "
-                                   "(distribute=flow.distribute.split(...), or a layer's model_distribute): model "
-                                   f"parallelism on {ranks} ranks is not supported yet; declare it broadcast (or "
-                                   "without distribute) for data parallelism, or run the job in one process")
+        split = _split_variables(ctx, ranks)
         _warn_device_placements(ctx, ranks)
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
-                                         mirrored=ctx.logical_view == "mirrored")
+                                         mirrored=ctx.logical_view == "mirrored", split_variables=split)
     return TracedJob(graph, layout, optimizer, watches, distribution)
+
+
+def _split_variables(ctx: TraceContext, ranks: int) -> dict[str, str]:
+    """name -> line of the variables split along axis 0 (model parallelism), their optimizer state
+    included; another axis is refused, naming the line."""
+    split: dict[str, str] = {}
+    for var, (line, axis) in ctx.split_variables.items():
+        if axis != 0:
+            raise UnsupportedError(f"{line}: variable {var!r} is declared split along axis {axis} over the devices: "
+                                   f"flowc splits variables along axis 0 on {ranks} ranks (a dense layer's weight "
+                                   "is (units, inputs): split(0) splits its units); declare it split(0) or broadcast")
+        split[var] = line
+        for state in ctx.state_variables.get(var, ()):
+            split[state] = line
+    return split
 
 
 def _warn_device_placements(ctx: TraceContext, ranks: int) -> None:
@@ -247,6 +257,7 @@ def _add_backward_and_update(ctx: TraceContext, graph: Graph, optimizer: Optimiz
                                            TensorType((1,) if s.scalar else var_type.shape, var_type.dtype),
                                            e.loc, optimizer.state_initial(s))
                  for s in optimizer.state_specs()}
+        ctx.state_variables[var] = [f"{var}-{s.suffix}" for s in optimizer.state_specs() if not s.scalar]
         if plans[var].sparse:
             new_value, new_state = emit_sparse_update(e, optimizer, plans[var], var_node, state, lr)
         else:

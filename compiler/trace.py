@@ -69,9 +69,11 @@ class TraceContext:
     placeholders: list[int] = field(default_factory=list)
     variable_nodes: dict[str, int] = field(default_factory=dict)
     trainable_variables: set[str] = field(default_factory=set)   # declared trainable=True in this job
-    # variable -> the user's line of a `distribute=flow.distribute.split(axis)` (model parallelism: one device
-    # holds all of it; on several ranks the data-parallel pass refuses it, compiler/build.py)
-    split_variables: dict[str, str] = field(default_factory=dict)
+    # variable -> (the user's line, axis) of a `distribute=flow.distribute.split(axis)` (model parallelism: one
+    # device holds all of it; on several ranks each holds a slice, compiler/passes/model_parallel.py)
+    split_variables: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # variable -> its optimizer state variables of its own shape (momentum, Adam's moments): held as it is
+    state_variables: dict[str, list[str]] = field(default_factory=dict)
     # (machine_device_ids, the user's line) of every flow.scope.placement entered while tracing
     placements: list[tuple[str, str]] = field(default_factory=list)
     losses: list[Blob] = field(default_factory=list)

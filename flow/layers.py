@@ -17,8 +17,8 @@ def dense(inputs, units: int, activation: Callable | None = None, use_bias: bool
 
     Variables are `<name>-weight` and `<name>-bias`.  An input of rank > 2 is transformed along its
     last axis, (..., in) -> (..., units), as in OneFlow.  `model_distribute` (broadcast, split(0),
-    auto) says how several devices hold the weight and bias: one device holds all of them, and a job on
-    several MPI ranks refuses a split for now (model parallelism; docs/distributed.md).
+    auto) says how several devices hold the weight and bias: one device holds all of them; on several
+    MPI ranks `split(0)` gives each rank its share of the units (model parallelism, docs/distributed.md).
     Without `kernel_initializer` the weight starts at zeros, as in OneFlow 0.3.4 (its layers.dense
     defaults to `constant_initializer(0)`; pass an initializer to break the symmetry, as OneFlow's
     examples do); the bias starts at zeros too.

@@ -52,7 +52,7 @@ def get_variable(name: str, shape=None, dtype=None, initializer=None, regularize
         from flowc.compiler.distribute import Split, check_distribute
         check_distribute(distribute, None, f"{api}: distribute of {name!r}")
         if isinstance(distribute, Split):
-            ctx.split_variables.setdefault(name, loc)
+            ctx.split_variables.setdefault(name, (loc, distribute.axis))
     ctx.session.declare_variable(name, TensorType(shape, dtype), initializer, bool(trainable), loc)
     if regularizer is not None:
         _set_regularizer(ctx, name, regularizer, loc)

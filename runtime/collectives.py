@@ -26,7 +26,7 @@ void flowc_comm_fill(void* ctx, void* table);
 double flowc_comm_waited_seconds(void* ctx);
 void flowc_comm_close(void* ctx);
 """)
-TABLE_BYTES = 5 * 8          # struct flowc_comm: ctx and four function pointers
+TABLE_BYTES = 6 * 8          # struct flowc_comm: ctx and five function pointers
 _library = None
 
 

@@ -65,6 +65,9 @@ class Cluster:
         self.collective = MPI.COMM_WORLD.Dup()     # the compiled steps' all-reduces
         self.engines: list[CommEngine] = []
         self.variables_sent = False
+        # Variables split over the ranks (model parallelism) whose other ranks' slices changed since the
+        # master last gathered them: its own copy holds only its rows up to date.
+        self.dirty: set[str] = set()
         self._closed = False
         # Why the ranks can no longer work together (a timeout): the master's exit then ends every rank
         # (MPI_Abort) instead of waiting, in MPI_Finalize, for a rank that no longer answers.
@@ -131,13 +134,39 @@ class Cluster:
     def send_variables(self, session: Session) -> None:
         """Every variable's value to every worker (before the first step: the master may have loaded
         a checkpoint or set values the workers' initializers did not make)."""
+        self.gather_shards(session)          # the whole of each split variable, not its stale rows
         values = {name: session.value(name) for name in session.variables}
         for rank in range(1, self.ranks):
             self.control.send(("variables", values), dest=rank)
         self.variables_sent = True
 
+    def gather_shards(self, session: Session) -> None:
+        """The workers' rows of the split variables that changed into the master's whole copies (a
+        checkpoint save, `flow.get_all_variables()`, a job reading them whole)."""
+        if not self.world.is_master or not self.dirty:
+            return
+        if self.broken is not None:
+            raise DistributedError(f"the other ranks' slices of the split variables {sorted(self.dirty)} cannot be "
+                                   f"gathered: the ranks of this run no longer work together ({self.broken})")
+        names = sorted(name for name in self.dirty if name in session.variables)
+        for rank in range(1, self.ranks):
+            self.control.send(("shards", names), dest=rank)
+        failed = []
+        for rank in range(1, self.ranks):
+            status, text = self.receive(rank, "sending its slices of the split variables")
+            if status == "error":
+                failed.append(f"rank {rank}: {text}")
+                continue
+            for name in names:
+                self.control.Recv(shard_rows(session.value(name), self, rank), source=rank, tag=DATA_TAG)
+        if failed:
+            self.broken = "; ".join(failed)
+            raise DistributedError(self.broken)
+        self.dirty.clear()
+
     def session_cleared(self) -> None:
         """The master's script cleared its session: the workers clear theirs (same jobs, new variables)."""
+        self.dirty.clear()
         if self.world.is_master:
             for rank in range(1, self.ranks):
                 self.control.send(("clear",), dest=rank)
@@ -193,6 +222,15 @@ class Cluster:
             if kind == "variables":
                 pending.update(message[1])
                 write_values()
+                continue
+            if kind == "shards":           # the master gathers the split variables: this rank's rows
+                missing = [name for name in message[1] if name not in session.variables]
+                if missing:
+                    self.control.send(("error", f"no variables {missing} here"), dest=0)
+                    continue
+                self.control.send(("ok", None), dest=0)
+                for name in message[1]:
+                    self.control.Send(shard_rows(session.value(name), self), dest=0, tag=DATA_TAG)
                 continue
             _, job_name, scalars, expected = message
             self.job = f"job {job_name!r}"
@@ -264,6 +302,9 @@ class DistributedStep(LoadedStep):
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
         self.layouts = traced.distribution.outputs
         self.mirrored = traced.distribution.mirrored
+        # the split variables this job updates, and the variables it reads whole
+        self.sharded_writes = set(traced.distribution.sharded) & set(self.graph.assigns)
+        self.whole_reads = set(self.graph.variables) - set(traced.distribution.sharded)
         self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
         self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
@@ -303,6 +344,8 @@ class DistributedStep(LoadedStep):
             raise DistributedError(f"job {self.job_name!r}: the ranks of this run no longer work together "
                                    f"({cluster.broken}); restart the job")
         cluster.job = f"job {self.job_name!r}"
+        if cluster.dirty & self.whole_reads:    # split in another job: every rank needs the whole again
+            cluster.variables_sent = False
         if not cluster.variables_sent:
             cluster.send_variables(self.session)
         shards, scalars = self._pending.pop(id(slot), ([], {}))
@@ -337,6 +380,7 @@ class DistributedStep(LoadedStep):
             # collectives may no longer agree, so no later step runs.
             cluster.broken = f"rank 0 failed in job {self.job_name!r}: {err}"
             raise
+        cluster.dirty |= self.sharded_writes
         _wait_all(sends)
         per_rank, failed = self._results()
         if failed:       # a worker stopped inside its step: the ranks may no longer agree
@@ -365,8 +409,10 @@ class DistributedStep(LoadedStep):
             values = [outputs[i] for outputs in per_rank]
             if self.mirrored:            # each rank's own result (a tp.ListNumpy gives the list)
                 results.append(PerRank(values))
-            elif layout == "split":
+            elif layout in ("split", "model_split"):
                 results.append(np.concatenate(values, axis=0))
+            elif layout == "column_split":
+                results.append(np.concatenate(values, axis=-1))
             elif layout == "partial_sum":
                 total = values[0].copy()
                 for v in values[1:]:          # rank order: the same sum in every run
@@ -480,6 +526,14 @@ def _wait_all(requests: list) -> None:
     if requests:
         from mpi4py import MPI
         MPI.Request.Waitall(requests)
+
+
+def shard_rows(value: np.ndarray, cluster: Cluster, rank: int | None = None) -> np.ndarray:
+    """Rank `rank`'s (default: this rank's) rows of a variable split along axis 0 over the cluster's
+    ranks: a contiguous view into the whole variable, which a model-parallel step reads and updates."""
+    ranks = cluster.ranks
+    rank = cluster.world.rank if rank is None else rank
+    return value.reshape(ranks, -1)[rank]
 
 
 def _buffers(graph, node_ids) -> list[np.ndarray]:

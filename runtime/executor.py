@@ -80,6 +80,11 @@ class CpuLoadedStep(LoadedStep):
             return slot.inputs[binding[1]]
         if kind == "variable":
             value = self.session.value(binding[1])
+            local = self.graph.variables.get(binding[1])
+            if local is not None and local.shape != value.shape:
+                # a variable split over the ranks (model parallelism): this rank's rows of the whole
+                from flowc.runtime.distributed import shard_rows
+                value = shard_rows(value, self.session.cluster).reshape(local.shape)
             self._keep.append(value)
             return value
         if kind == "comm":        # a data-parallel step: the MPI engine's table (runtime/collectives.py)

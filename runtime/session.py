@@ -182,10 +182,12 @@ class Session:
     def holding_steps(self) -> Iterator[None]:
         """No step of this session runs inside, so variables and step counters form one consistent
         cut (checkpoint saves).  GPU variables are copied to the host inside, before the caller
-        reads them."""
+        reads them, and so are the other ranks' slices of variables split over them."""
         with self.pipeline.holding_steps():
             from flowc.runtime.devices import sync_to_host
             sync_to_host(self)
+            if self.cluster is not None:
+                self.cluster.gather_shards(self)
             yield
 
     def sync(self, what: str = "flow.sync_default_session()") -> None:

@@ -293,12 +293,9 @@ def test_a_split_dropout_draws_this_ranks_share_and_the_compiled_draw_is_the_ref
     assert 0 < np.count_nonzero(got) < got.size
 
 
-@pytest.mark.parametrize("declare", ["dense", "get_variable"])
-def test_a_variable_split_over_devices_is_refused_on_several_ranks_and_fine_in_one_process(declare):
+def test_a_variable_split_along_axis_1_is_refused_on_several_ranks_and_fine_in_one_process():
     def net(x):
         x = flow.reshape(x, [x.shape[0], -1])
-        if declare == "dense":
-            return flow.layers.dense(x, 10, name="out", model_distribute=flow.distribute.split(0))
         w = flow.get_variable("w", shape=(16, 10), initializer=flow.truncated_normal(0.1),
                               distribute=flow.distribute.split(1))
         return flow.matmul(x, w)
@@ -306,9 +303,9 @@ def test_a_variable_split_over_devices_is_refused_on_several_ranks_and_fine_in_o
     assert train_job_of(net).graph is not None           # one process: one device holds it all
     flow.clear_default_session()
     on_ranks(2)
-    with pytest.raises(flow.UnsupportedError, match=r"test_data_parallel_pass.py:\d+: variable '(out-weight|w)' is "
-                                                     r"declared split over the devices .* model parallelism on 2 "
-                                                     r"ranks is not supported yet"):
+    with pytest.raises(flow.UnsupportedError, match=r"test_data_parallel_pass.py:\d+: variable 'w' is declared split "
+                                                     r"along axis 1 over the devices: flowc splits variables along "
+                                                     r"axis 0 on 2 ranks"):
         _ = train_job_of(net).graph
 
 

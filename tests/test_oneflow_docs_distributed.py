@@ -41,13 +41,13 @@ DATA_PARALLEL = ["distributed_train", "mirrored_strategy", "consistent_strategy"
 # Placed by layer on devices "0:0" and "0:1": flowc runs every op on every rank's share instead (data
 # parallelism, the same logical job) and says so with a warning.
 PLACED = ["hybrid_parallelism_lenet"]
-# Their models split a layer's weight over the devices: model parallelism, which flowc refuses on
-# several ranks for now (one process holds the weight whole and runs them).
+# Their models split a layer's weight over the devices: model parallelism (each rank holds its units).
 MODEL_PARALLEL = ["hybrid_parallelism_mlp", "mixed_parallel_mlp", "mixed_parallel_lenet"]
 ALL = DATA_PARALLEL + PLACED + MODEL_PARALLEL
-# Programs whose 2-rank run must equal the one-process run: every data-parallel one (consistent_strategy
-# with its dropout: each rank draws its share of the one-process mask).
-EXACT = DATA_PARALLEL
+# Programs whose 2-rank run must equal the one-process run: the data- and model-parallel ones
+# (consistent_strategy and mixed_parallel_lenet with their dropout: each rank draws its share of the
+# one-process mask).
+EXACT = DATA_PARALLEL + MODEL_PARALLEL
 
 _launched: dict[tuple[str, int], subprocess.CompletedProcess] = {}
 
@@ -74,7 +74,7 @@ def losses(stdout: str) -> list[tuple[int, float]]:
 
 
 @needs_mpi
-@pytest.mark.parametrize("program", DATA_PARALLEL + PLACED)
+@pytest.mark.parametrize("program", ALL)
 def test_the_program_trains_on_two_ranks_and_only_the_master_prints(program):
     seen = losses(launched(program, 2).stdout)
     assert [step for step, _ in seen] == list(range(STEPS)), "one loss line per step, from the master only"
@@ -110,16 +110,6 @@ def test_the_configuration_before_the_first_job_call_runs_on_every_rank():
 def test_a_placement_on_device_1_is_said_to_run_as_data_parallelism():
     err = launched("hybrid_parallelism_lenet", 2).stderr
     assert "flow.scope.placement(..., '0:1')" in err and "every rank runs them on its share of the batch" in err
-
-
-@needs_mpi
-@pytest.mark.parametrize("program", MODEL_PARALLEL)
-def test_a_model_parallel_program_runs_in_one_process_and_is_refused_on_two_ranks(program):
-    seen = [loss for _, loss in losses(launched(program, 1).stdout)]
-    assert len(seen) == STEPS and seen[-1] < seen[0]
-    err = launched(program, 2, refused=True).stderr
-    assert f"{program}.py:" in err and "is declared split over the devices" in err
-    assert "model parallelism on 2 ranks is not supported yet" in err
 
 
 def test_every_distributed_program_is_listed_in_the_readme():

@@ -1,4 +1,5 @@
-/* The MPI engine behind flowc_comm.h: non-blocking all-reduce of gradient buckets.
+/* The MPI engine behind flowc_comm.h: non-blocking all-reduce of gradient buckets, and the
+ * exchanges of model-parallel layers (all-gather, reduce-scatter, all-to-all).
  *
  * Built once per MPI installation with that installation's compiler wrapper (mpicc), loaded by
  * runtime/collectives.py after mpi4py has initialised MPI, and driven by the generated step through
@@ -17,6 +18,9 @@
 
 #define FLOWC_COMM_ERROR_FAILED 900001
 #define FLOWC_COMM_ERROR_TIMEOUT 900002
+#define FLOWC_COMM_ALL_GATHER 1
+#define FLOWC_COMM_REDUCE_SCATTER 2
+#define FLOWC_COMM_ALL_TO_ALL 3
 
 typedef struct {
   float* data;
@@ -39,6 +43,7 @@ struct flowc_comm {
   int (*progress)(void*);
   int (*wait)(void*, int);
   const float* (*data)(void*, int);
+  int (*exchange)(void*, int, const float*, float*, int64_t);
 };
 
 static int comm_start(void* opaque, int b, int count, const float* const* grads, const int64_t* sizes) {
@@ -77,14 +82,12 @@ static int comm_progress(void* opaque) {
   return 0;
 }
 
-static int comm_wait(void* opaque, int b) {
-  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
-  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
-  bucket_t* k = &c->bucket[b];
+/* Poll `request` until it completes, at most the timeout; the time it took counts as waiting. */
+static int wait_request(flowc_mpi_t* c, MPI_Request* request) {
   const double begin = MPI_Wtime();
   int done = 0;
   while (!done) {
-    if (MPI_Test(&k->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
+    if (MPI_Test(request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
     if (!done && c->timeout_seconds > 0 && MPI_Wtime() - begin > c->timeout_seconds) {
       c->waited_seconds += MPI_Wtime() - begin;
       return FLOWC_COMM_ERROR_TIMEOUT;
@@ -92,6 +95,36 @@ static int comm_wait(void* opaque, int b) {
   }
   c->waited_seconds += MPI_Wtime() - begin;
   return 0;
+}
+
+static int comm_wait(void* opaque, int b) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
+  return wait_request(c, &c->bucket[b].request);
+}
+
+static int comm_exchange(void* opaque, int kind, const float* in, float* out, int64_t count) {
+  flowc_mpi_t* c = (flowc_mpi_t*)opaque;
+  if (count < 0 || count > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
+  const int n = (int)count;
+  MPI_Request request = MPI_REQUEST_NULL;
+  int rc;
+  switch (kind) {
+    case FLOWC_COMM_ALL_GATHER:
+      rc = MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c->comm, &request);
+      break;
+    case FLOWC_COMM_REDUCE_SCATTER:
+      rc = MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, c->comm, &request);
+      break;
+    case FLOWC_COMM_ALL_TO_ALL:
+      rc = MPI_Ialltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c->comm, &request);
+      break;
+    default:
+      return FLOWC_COMM_ERROR_FAILED;
+  }
+  if (rc != MPI_SUCCESS) return FLOWC_COMM_ERROR_FAILED;
+  /* Not left in flight on a timeout: the step fails, and the runtime ends the job. */
+  return wait_request(c, &request);
 }
 
 static const float* comm_data(void* opaque, int b) {
@@ -117,6 +150,7 @@ void flowc_comm_fill(void* opaque, struct flowc_comm* table) {
   table->progress = comm_progress;
   table->wait = comm_wait;
   table->data = comm_data;
+  table->exchange = comm_exchange;
 }
 
 double flowc_comm_waited_seconds(void* opaque) { return ((flowc_mpi_t*)opaque)->waited_seconds; }

@@ -25,6 +25,14 @@ from flowc.compiler.program import Kernel
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
 COMM_FAILED = 900001
 COMM_TIMEOUT = 900002
+# The exchanges of model parallelism: op -> (the engine's `kind`, the elements of one rank's block
+# given the op's input and output sizes and the ranks).  Each is one blocking call at its place
+# in the schedule (flowc_comm.h `exchange`), not bucketed: its reader comes right after it.
+EXCHANGES = {
+    "all_gather": ("FLOWC_COMM_ALL_GATHER", 1, lambda size_in, size_out, ranks: size_in),
+    "reduce_scatter": ("FLOWC_COMM_REDUCE_SCATTER", 2, lambda size_in, size_out, ranks: size_out),
+    "all_to_all": ("FLOWC_COMM_ALL_TO_ALL", 3, lambda size_in, size_out, ranks: size_in // ranks),
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
     def written_at(node_id: int) -> int:
         source = graph.node(node_id).inputs[0]
         return position.get(roots.get(source, source), -1)
-    sums = sorted((n.id for n in graph.nodes if OPS[n.op].kind == "collective"),
+    sums = sorted((n.id for n in graph.nodes if n.op == "all_reduce"),
                   key=lambda m: (written_at(m), position[m]))
     groups: list[list[int]] = []
     for m in sums:

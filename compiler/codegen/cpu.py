@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
-from flowc.compiler.codegen.collectives import Bucket, plan_buckets
+from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, plan_buckets
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
@@ -334,13 +334,14 @@ class CommCalls:
     """The step's calls into the communication engine (codegen_templates/cpu/flowc_comm.h) for a
     bucket plan (compiler/codegen/collectives.py): starts after the kernel that writes a bucket's
     last gradient, a progress poke after each kernel while buckets are in flight, the wait at the
-    bucket's first all_reduce kernel and each gradient's copy out at its own all_reduce kernel."""
+    bucket's first all_reduce kernel and each gradient's copy out at its own all_reduce kernel; and
+    each exchange of a model-parallel layer (all_gather, ...) as one call at its own place."""
 
     def __init__(self, generator: CppGenerator, plan: list[Bucket]) -> None:
         self.gen, self.plan = generator, plan
         self.bucket_of = {m: b for b in plan for m in b.members}
         self.slot: int | None = None
-        if plan:
+        if plan or any(n.op in EXCHANGES for n in generator.graph.nodes):
             generator.bindings.append(("comm",))
             self.slot = len(generator.bindings) - 1
         self._started_first = False
@@ -366,9 +367,18 @@ class CommCalls:
 
     def at(self, index: int, k: Kernel) -> CodeText:
         node = self.gen.graph.node(k.anchor_id)
+        if node.op in EXCHANGES:
+            return self._exchange(index, k, node)
         b = self.bucket_of[node.id]
         wait = f"if (int e = comm->wait(comm->ctx, {b.index})) return e; " if b.wait_at == index else ""
         out = self.gen.pointer(node.id)
         scale = literal(float(node.attr("scale")))
         return code(f"{self.before_first()}{wait}flowc::comm_unpack(comm->data(comm->ctx, {b.index}) + "
                     f"{b.offset(node.id)}, {out}, {node.type.size}, {scale});  // {c_identifier(k.name)}")
+
+    def _exchange(self, index: int, k: Kernel, node) -> CodeText:
+        kind, _, block = EXCHANGES[node.op]
+        x = self.gen.graph.node(node.inputs[0])
+        count = block(x.type.size, node.type.size, node.attr("ranks"))
+        return code(f"{self.before_first()}if (int e = comm->exchange(comm->ctx, {kind}, {self.gen.pointer(x.id)}, "
+                    f"{self.gen.pointer(node.id)}, {count})) return e;{self.after(index)}  // {c_identifier(k.name)}")

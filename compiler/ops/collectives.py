@@ -1,14 +1,22 @@
-"""`all_reduce`: a gradient summed over every rank of a data-parallel job, times `scale`.
+"""The collectives of a distributed job: sums and exchanges of values between its ranks.
 
-compiler/passes/data_parallel.py puts one after each trainable variable's gradient when a job runs
-on several ranks; `scale` is 1/ranks where the logical loss is a mean over the global batch (each
-rank's gradient is then the mean over its shard) and 1 where it is a sum.  The generated step
-starts the sums in buckets as soon as their gradients exist and waits for them before the
-updates (compiler/codegen/collectives.py), at most `bucket_bytes` per bucket; the MPI or NCCL
-engine does the work.
+compiler/passes/data_parallel.py inserts them where a value's layout over the ranks must change
+(OneFlow's "boxing"):
 
-The NumPy reference executor runs one process and has no other ranks to sum with: it refuses the
-op (tests compare a distributed run with the single-process run of the same global batch).
+* `all_reduce` (partial sum -> whole): a gradient summed over every rank, times `scale` (1/ranks
+  in the mirrored view, where each rank's loss is the mean over its own batch).  The generated
+  step starts the sums in buckets as soon as their gradients exist and waits for them before the
+  updates (compiler/codegen/collectives.py), at most `bucket_bytes` per bucket.
+* `all_gather` (split along axis 0 -> whole): every rank's share, in rank order.
+* `reduce_scatter` (partial sum -> split along axis 0): each rank gets its share of the sum.
+* `all_to_all`: axis 0 holds `ranks` equal blocks; block r goes to rank r, and block s of the
+  result came from rank s.  With reshapes and transposes around it, it turns a value split by
+  rows into one split by columns and back (a model-parallel layer's activations).
+
+All four work on float32 values; the MPI or NCCL engine does the work.  The NumPy reference
+executor runs one process and has no other ranks: it refuses them (tests compare a distributed run
+with the single-process run of the same global batch, or run the ranks' graphs in lock-step:
+tests/rank_simulator.py).
 """
 from __future__ import annotations
 
@@ -16,19 +24,52 @@ from flowc.compiler.ir import TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
 
 
-def _infer(inputs: list, attrs: dict) -> TensorType:
-    (x,) = inputs
+def _checked(op: str, x: TensorType, attrs: dict) -> int:
     if x.dtype != "float32":
-        raise ShapeError(f"all_reduce: flowc sums float32 gradients over ranks, got {x.dtype}")
+        raise ShapeError(f"{op}: flowc moves float32 values between ranks, got {x.dtype}")
     ranks = attrs["ranks"]
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-        raise ShapeError(f"all_reduce: ranks must be an int >= 2, got {ranks!r}")
+        raise ShapeError(f"{op}: ranks must be an int >= 2, got {ranks!r}")
+    return ranks
+
+
+def _infer_all_reduce(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    _checked("all_reduce", x, attrs)
     return TensorType(x.shape, x.dtype)
 
 
-def _reference(x, ranks, scale, bucket_bytes):
-    raise NotImplementedError("all_reduce sums a value over the ranks of a distributed job; the NumPy reference "
-                              "executor runs one process: compare with the job's single-process run instead")
+def _infer_all_gather(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    ranks = _checked("all_gather", x, attrs)
+    if not x.shape:
+        raise ShapeError("all_gather: a scalar has no axis 0 to gather along")
+    return TensorType((x.shape[0] * ranks,) + x.shape[1:], x.dtype)
 
 
-register(OpRule("all_reduce", "collective", _infer, _reference, differentiable=False))
+def _infer_reduce_scatter(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    ranks = _checked("reduce_scatter", x, attrs)
+    if not x.shape or x.shape[0] % ranks:
+        raise ShapeError(f"reduce_scatter: axis 0 of {list(x.shape)} does not divide over {ranks} ranks")
+    return TensorType((x.shape[0] // ranks,) + x.shape[1:], x.dtype)
+
+
+def _infer_all_to_all(inputs: list, attrs: dict) -> TensorType:
+    (x,) = inputs
+    ranks = _checked("all_to_all", x, attrs)
+    if not x.shape or x.shape[0] != ranks:
+        raise ShapeError(f"all_to_all: axis 0 of {list(x.shape)} must hold one block per rank ({ranks})")
+    return TensorType(x.shape, x.dtype)
+
+
+def _no_reference(op: str):
+    def reference(x, **attrs):
+        raise NotImplementedError(f"{op} moves values between the ranks of a distributed job; the NumPy reference "
+                                  "executor runs one process: compare with the job's single-process run instead")
+    return reference
+
+
+for _name, _infer in (("all_reduce", _infer_all_reduce), ("all_gather", _infer_all_gather),
+                      ("reduce_scatter", _infer_reduce_scatter), ("all_to_all", _infer_all_to_all)):
+    register(OpRule(_name, "collective", _infer, _no_reference(_name), differentiable=False))

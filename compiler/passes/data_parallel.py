@@ -27,6 +27,12 @@ its `_shard` op, which draws this rank's share of the one-process draw.  In the 
 graph is already one rank's job: nothing is reshaped, and only the gradients are summed (and
 averaged) before their updates.
 
+Variables declared split along axis 0 (model parallelism) add two layouts, `model_split` and
+`column_split`, whose rules and exchanges (all_gather, all_to_all, reduce_scatter: OneFlow's
+boxing) are in compiler/passes/model_parallel.py; this pass asks them first for every op of a job
+that has such variables.  After the rebuild every value's share must have the shape its layout
+makes (an attribute holding a shape this pass did not rewrite is an error, not a silent whole).
+
 Example::
 
     >>> local, layouts = distribute(graph, ranks=2, bucket_bytes=16 << 20)   # doctest: +SKIP
@@ -35,16 +41,19 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Iterable
 
 from flowc.compiler.errors import TraceError
-from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
+from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node, TensorType
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
+from flowc.compiler.passes import model_parallel
+from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, ROW_SLICED, SPLIT, layout_error
 
 # OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
 DEFAULT_BUCKET_BYTES = 16 << 20
-SPLIT, BROADCAST, PARTIAL = "split", "broadcast", "partial_sum"
+__all__ = ["distribute", "Distribution", "DEFAULT_BUCKET_BYTES", "SPLIT", "BROADCAST", "PARTIAL", "MODEL", "COLS"]
 
 # Ops linear in every operand that is partial, given the others are broadcast (or, for add and
 # subtract, partial too): a partial value passes through them without a sum.
@@ -72,8 +81,9 @@ NOT_SPLITTABLE = {
 }
 # Attributes that hold the shape of a split result (their axis 0 shrinks to one rank's share).
 SHAPE_ATTRS = {**{op: ("shape",) for op in ("input", "reshape", "constant", "broadcast_to", "dropout_mask",
-                                           "random_uniform", "strided_slice", "slice_update")},
-               "gather_grad": ("params_shape",)}
+                                           "random_uniform", "strided_slice", "slice_update", "variable")},
+               "gather_grad": ("params_shape",), "conv2d_grad_input": ("input_shape",),
+               "avg_pool2d_grad": ("input_shape",)}
 FILL_OPS = {"constant", "broadcast_to", "dropout_mask", "random_uniform"}   # each rank can make its share
 RANDOM_DRAWS = {"dropout_mask", "random_uniform"}     # split: each rank draws its share (ops/random_shards.py)
 WINDOW_AXIS_OPS = {"concat", "slice_axis"}            # an `axis` attribute: split unless it is 0
@@ -83,25 +93,30 @@ STRIDED_OPS = {"strided_slice", "slice_update"}        # start/step/shape per ax
 @dataclass
 class Distribution:
     """What the pass decided: each original node's layout, and each output's (for the runtime).
-    `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank."""
+    `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank.
+    `sharded`: the variables each rank holds a slice of (model parallelism: rank r binds rows
+    r·U/N … (r+1)·U/N of the variable's storage)."""
     layouts: dict[int, str]
     outputs: list[str]
     mirrored: bool = False
+    sharded: tuple[str, ...] = ()
 
 
-def _error(node: Node, why: str) -> TraceError:
-    return TraceError(f"{node.loc}: {node.op} in a data-parallel job: {why}; flowc cannot split it over the ranks "
-                      "(run this job in one process, or compute it outside the job)")
+_error = layout_error
 
 
 class _Layouts:
     """The layout rules, one method per kind of op, over the logical graph."""
 
-    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False) -> None:
+    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False, model_vars: Iterable[str] = ()) -> None:
         self.graph, self.ranks, self.mirrored = graph, ranks, mirrored
+        self.model_vars = frozenset(model_vars)          # variables split along axis 0 (model parallelism)
         self.layout: dict[int, str] = {}
         self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
+        # (consumer, operand) -> the layout the operand is changed to first (model_parallel.BOXING)
+        self.converted: dict[tuple[int, int], str] = {}
         self.relabelled: set[int] = set()               # fills whose readers need them split (sticky)
+        self.model_nodes: set[int] = set()              # whole values model-split readers need sliced (sticky)
 
     def of(self, i: int) -> str:
         return self.layout[i]
@@ -111,7 +126,8 @@ class _Layouts:
         later reader changes what the nodes between them must be (relabels and sums only grow, so
         this ends)."""
         for _ in range(len(self.graph.nodes) + 1):
-            before = (dict(self.layout), set(self.reduced), set(self.relabelled))
+            before = (dict(self.layout), set(self.reduced), dict(self.converted), set(self.relabelled),
+                      set(self.model_nodes))
             refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
             for n in self.graph.nodes:
                 try:
@@ -123,7 +139,7 @@ class _Layouts:
                         continue
                     refusals.append(err)
                     self.layout[n.id] = SPLIT
-            if before == (self.layout, self.reduced, self.relabelled):
+            if before == (self.layout, self.reduced, self.converted, self.relabelled, self.model_nodes):
                 if refusals:
                     raise refusals[0]
                 return self.layout
@@ -134,8 +150,12 @@ class _Layouts:
             if self.of(i) == PARTIAL:
                 self.reduced.add((n.id, i))
 
+    def seen(self, n: Node, i: int) -> str:
+        """How `n` reads operand `i`: its layout, or what model_parallel changes it to first."""
+        return self.converted.get((n.id, i), self.layout[i])
+
     def _effective(self, n: Node, i: int) -> str:
-        return BROADCAST if (n.id, i) in self.reduced else self.of(i)
+        return BROADCAST if (n.id, i) in self.reduced else self.seen(n, i)
 
     def _decide(self, n: Node) -> str:
         rule = OPS[n.op]
@@ -149,10 +169,16 @@ class _Layouts:
                                  "split over")
             return SPLIT
         if rule.kind == "source" or not n.inputs:
+            if n.op == "variable" and n.attr("name") in self.model_vars:
+                return self._model_variable(n)
             return BROADCAST
-        if n.op in NOT_SPLITTABLE and any(self.of(i) != BROADCAST for i in n.inputs):
+        if self.model_vars:
+            decided = model_parallel.decide(self, n)
+            if decided is not None:
+                return decided
+        if n.op in NOT_SPLITTABLE and any(self.seen(n, i) != BROADCAST for i in n.inputs):
             raise _error(n, f"it computes {NOT_SPLITTABLE[n.op]}")
-        kinds = {self.of(i) for i in n.inputs}
+        kinds = {self.seen(n, i) for i in n.inputs}
         if kinds == {BROADCAST}:
             return BROADCAST
         if PARTIAL in kinds:
@@ -165,6 +191,13 @@ class _Layouts:
                 return BROADCAST
         self._split_fills(n)
         return self._split(n)
+
+    def _model_variable(self, n: Node) -> str:
+        shape = n.type.shape
+        if not shape or shape[0] % self.ranks:
+            raise TraceError(f"{n.loc}: variable {n.attr('name')!r} of shape {list(shape)} is split along axis 0 over "
+                             f"{self.ranks} ranks, which must divide {shape[0] if shape else 'a scalar'}")
+        return MODEL
 
     def _split_fills(self, n: Node) -> None:
         """A whole value with the batch's extent read next to split values is a fill (a loss
@@ -210,7 +243,7 @@ class _Layouts:
 
     def _partial(self, n: Node) -> str | None:
         """The layout of `n` when a partial operand passes through it, else None."""
-        layouts = [self.of(i) for i in n.inputs]
+        layouts = [self.seen(n, i) for i in n.inputs]
         if n.op in LINEAR_IN_ALL:
             if all(x == PARTIAL for x in layouts):
                 return PARTIAL
@@ -304,16 +337,24 @@ class _Layouts:
         raise _error(n, f"its operands are {a} and {b} (transpose_a={ta}, transpose_b={tb})")
 
 
-def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = False) -> tuple[Graph, Distribution]:
-    """`graph` for one of `ranks` ranks, with its all_reduce nodes; and the layouts decided.
+def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = False,
+               split_variables: dict[str, str] | None = None) -> tuple[Graph, Distribution]:
+    """`graph` for one of `ranks` ranks, with its collectives; and the layouts decided.
 
     `mirrored` (OneFlow's mirrored view): `graph` already is one rank's job (its placeholders are
     each device's own batch), so no shape changes; the gradients are averaged over the ranks (an
     all_reduce scaled by 1/ranks before each update: each rank's loss is the mean over its own
-    batch) and nothing in the forward pass is summed."""
+    batch) and nothing in the forward pass is summed.  `split_variables` (name -> the line that
+    split it): the variables held as slices along axis 0 (compiler/passes/model_parallel.py)."""
     if ranks < 2:
         raise ValueError(f"distribute: ranks must be >= 2, got {ranks}")
-    rules = _Layouts(graph, ranks, mirrored)
+    split_variables = {v: line for v, line in (split_variables or {}).items() if v in graph.variables}
+    if mirrored and split_variables:
+        var, line = next(iter(split_variables.items()))
+        raise TraceError(f"{line}: variable {var!r} is split over the devices (model parallelism) in a job of the "
+                         "mirrored view, where each device runs its own model: use the consistent view (the "
+                         "default) or declare it without distribute")
+    rules = _Layouts(graph, ranks, mirrored, split_variables)
     layout = rules.run()
     scale = 1.0
     if mirrored:
@@ -321,13 +362,11 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
         rules.reduced = {(c, i) for c, i in rules.reduced if graph.node(c).role == "update"}
         layout = {n: (BROADCAST if kind == PARTIAL else kind) for n, kind in layout.items()}
         scale = 1.0 / ranks
-    for var, value in graph.assigns.items():
-        if layout[value] == SPLIT and not mirrored:
-            raise _error(graph.node(value), f"variable {var!r} would be assigned a value split over the batch")
-    partial_roots = {value for value in graph.assigns.values() if layout[value] == PARTIAL}
+    _check_assigns(graph, layout, split_variables, mirrored)
     builder = GraphBuilder()
     new_id: dict[int, int] = {}
     reduced: dict[int, int] = {}          # original operand -> its all_reduce (one per value)
+    boxed: dict[tuple[int, str], int] = {}   # (original operand, layout) -> its exchange (one per pair)
 
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
@@ -339,6 +378,24 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
                 raise _error(where, f"it reads a sum over the ranks that flowc cannot make ({err})") from None
         return reduced[i]
 
+    def changed(i: int, target: str, where: Node) -> int:
+        if (i, target) not in boxed:
+            node = graph.node(i)
+            try:
+                boxed[i, target] = model_parallel.box(builder, new_id[i], layout[i], target, ranks, node.type.shape,
+                                                      loc=node.loc, role=where.role, device=node.type.device)
+            except ShapeError as err:
+                raise _error(where, f"it reads a {layout[i]} value as {target}, which flowc cannot make "
+                                    f"({err})") from None
+        return boxed[i, target]
+
+    def operand(i: int, n: Node) -> int:
+        if (n.id, i) in rules.reduced:
+            return summed(i, n)
+        if (n.id, i) in rules.converted:
+            return changed(i, rules.converted[n.id, i], n)
+        return new_id[i]
+
     rank: list[int] = []             # the runtime scalar data_parallel_rank, once a random draw is split
 
     def rank_scalar() -> int:
@@ -347,7 +404,7 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
         return rank[0]
 
     for n in graph.nodes:
-        inputs = [summed(i, n) if (n.id, i) in rules.reduced else new_id[i] for i in n.inputs]
+        inputs = [operand(i, n) for i in n.inputs]
         attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], ranks)
         op = n.op
         if op in RANDOM_DRAWS and layout[n.id] == SPLIT:     # this rank's share of the draw, not the first one
@@ -357,21 +414,57 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
             new_id[n.id] = builder.add(op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
         except ShapeError as err:
             raise _error(n, f"its attributes fix the batch size ({err})") from None
+        want = n.type.shape if mirrored else _local_shape(n.type.shape, layout[n.id], ranks)
+        if builder.types[new_id[n.id]].shape != want:     # an attribute holding a shape this pass did not rewrite
+            raise _error(n, f"its share on each rank would be {list(builder.types[new_id[n.id]].shape)}, not the "
+                            f"{list(want)} its layout ({layout[n.id]}) makes")
     assigns = {}
     for var, value in graph.assigns.items():
-        assigns[var] = summed(value, graph.node(value)) if value in partial_roots else new_id[value]
+        if layout[value] == PARTIAL:         # a gradient summed over the batch: the whole sum, or this rank's rows
+            assigns[var] = changed(value, MODEL, graph.node(value)) if var in split_variables else \
+                summed(value, graph.node(value))
+        else:
+            assigns[var] = new_id[value]
     scalars = dict(graph.scalars, **({RANK_SCALAR: "int64"} if rank else {}))
-    local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, dict(graph.variables),
+    variables = {var: _shard(t, ranks) if var in split_variables else t for var, t in graph.variables.items()}
+    local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, variables,
                   scalars, [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
-    return local, Distribution(layout, outputs, mirrored)
+    return local, Distribution(layout, outputs, mirrored, tuple(sorted(split_variables)))
+
+
+def _check_assigns(graph: Graph, layout: dict[int, str], split_variables: dict[str, str], mirrored: bool) -> None:
+    """Each variable's new value lies as the variable does: whole (or a sum), or a model-split slice."""
+    for var, value in graph.assigns.items():
+        kind = layout[value]
+        if var in split_variables:
+            if kind not in (MODEL, PARTIAL):
+                raise _error(graph.node(value), f"variable {var!r} is split over the ranks (line "
+                                                f"{split_variables[var]}) but its new value is {kind}")
+        elif kind in (MODEL, COLS) or (kind == SPLIT and not mirrored):
+            raise _error(graph.node(value), f"variable {var!r} would be assigned a value split over the "
+                                            f"{'batch' if kind == SPLIT else 'ranks'}")
+
+
+def _local_shape(shape: tuple[int, ...], layout: str, ranks: int) -> tuple[int, ...]:
+    """The shape of one rank's share of a value of logical `shape` laid out as `layout`."""
+    if layout in ROW_SLICED and shape:
+        return (shape[0] // ranks,) + shape[1:]
+    if layout == COLS:
+        return shape[:-1] + (shape[-1] // ranks,)
+    return shape
+
+
+def _shard(t: TensorType, ranks: int) -> TensorType:
+    return replace(t, shape=(t.shape[0] // ranks,) + t.shape[1:])
 
 
 def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
     attrs = n.attr_dict
-    if layout != SPLIT:
-        return attrs
+    for key in SHAPE_ATTRS.get(n.op, ()):
+        attrs[key] = _local_shape(tuple(attrs[key]), layout, ranks)
+    return attrs
     for key in SHAPE_ATTRS.get(n.op, ()):
         shape = list(attrs[key])
         shape[0] //= ranks

@@ -12,6 +12,8 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --bad-label               the last step's last label is out of range (it lies in rank 1's share)
     --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
     --load-after-clear DIR    and then load a checkpoint (past the first call: the master alone runs it)
+    --whole-eval              (hybrid) the predict job declares the split layer without model_distribute:
+                              it reads the variables whole, which the train job holds in slices
 """
 import os
 import sys
@@ -57,7 +59,30 @@ def lenet(x, train=True):
     return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
 
 
-NET = {"mlp": mlp, "lenet": lenet}[MODEL]
+def hybrid(x, train=True):
+    # OneFlow's hybrid-parallel MLP: a data-parallel hidden layer, the output layer split by unit over the
+    # devices (model parallelism); a predict job with --whole-eval reads the output layer whole
+    init = flow.truncated_normal(0.1)
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 64, activation=flow.nn.relu, kernel_initializer=init, name="hidden")
+    split = None if "--whole-eval" in OPTIONS and not train else flow.distribute.split(0)
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="output", model_distribute=split)
+
+
+def mixed(x, train=True):
+    # OneFlow's mixed-parallel LeNet: data-parallel convolutions, a model-parallel hidden layer with dropout
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.conv2d(x, 8, 5, padding="SAME", activation=flow.nn.relu, name="conv1", kernel_initializer=init)
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool1", data_format="NCHW")
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 64, activation=flow.nn.relu, kernel_initializer=init, name="dense1",
+                          model_distribute=flow.distribute.split(0))
+    if train:
+        x = flow.nn.dropout(x, rate=0.5, name="dropout")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
+
+
+NET = {"mlp": mlp, "lenet": lenet, "hybrid": hybrid, "mixed": mixed}[MODEL]
 
 
 @flow.global_function(type="train")

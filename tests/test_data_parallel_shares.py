@@ -1,0 +1,35 @@
+"""Every value of a data-parallel job's rank graph has the share its layout makes.
+
+Regression: a convolution's input gradient (`conv2d_grad_input`) and an average pool's gradient keep
+the input's shape in an attribute.  The data-parallel pass did not shrink it, so each rank computed
+the input gradient of the whole batch, reading past the end of its share of dy (the rows it used
+were right, so the training runs still matched).  The ranks' graph now runs on simulated ranks
+(tests/rank_simulator.py) and equals the logical job, and the pass checks each share's shape.
+"""
+import numpy as np
+
+import flow
+from flowc.compiler.passes.data_parallel import SPLIT
+from tests.test_model_parallel_pass import B, INIT, check_equal, train_job_of
+
+
+def two_convolutions(x):
+    x = flow.layers.conv2d(x, 4, 3, padding="SAME", activation=flow.nn.relu, kernel_initializer=INIT,
+                           name="conv1")
+    x = flow.nn.avg_pool2d(x, ksize=2, strides=2, padding="VALID")
+    x = flow.layers.conv2d(x, 4, 3, padding="SAME", activation=flow.nn.relu, kernel_initializer=INIT,
+                           name="conv2")
+    x = flow.nn.max_pool2d(flow.layers.conv2d(x, 4, 1, name="conv3", kernel_initializer=INIT),
+                           ksize=2, strides=2, padding="VALID")
+    return flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 10, kernel_initializer=INIT,
+                             name="out")
+
+
+def test_input_gradients_of_convolutions_and_pools_are_each_ranks_share():
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal((B, 1, 4, 4)).astype(np.float32), rng.integers(0, 10, B).astype(np.int32)]
+    local, distribution = check_equal(lambda: train_job_of(two_convolutions, "sgd"), inputs)
+    grads = [n for n in local.nodes if n.op in ("conv2d_grad_input", "avg_pool2d_grad")]
+    assert len(grads) >= 3
+    assert all(n.type.shape[0] == B // 2 and distribution.layouts and n.attr("input_shape")[0] == B // 2 for n in grads)
+    assert distribution.outputs == [SPLIT]
