@@ -33,3 +33,19 @@ def test_input_gradients_of_convolutions_and_pools_are_each_ranks_share():
     assert len(grads) >= 3
     assert all(n.type.shape[0] == B // 2 and distribution.layouts and n.attr("input_shape")[0] == B // 2 for n in grads)
     assert distribution.outputs == [SPLIT]
+
+
+def plain_mlp(x):
+    x = flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 12, activation=flow.nn.relu, kernel_initializer=INIT,
+                          name="hidden")
+    return flow.layers.dense(x, 10, kernel_initializer=INIT, name="out")
+
+
+def test_adam_sums_each_gradient_once_for_both_of_its_moments():
+    """Adam reads a gradient scaled (first moment) and squared (second): one all_reduce of the
+    gradient serves both, where summing each use would send every gradient twice."""
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((B, 1, 4, 4)).astype(np.float32), rng.integers(0, 10, B).astype(np.int32)]
+    local, _ = check_equal(lambda: train_job_of(plain_mlp, "adam"), inputs)
+    sums = [n for n in local.nodes if n.op == "all_reduce"]
+    assert sorted(n.type.shape for n in sums) == [(10,), (10, 12), (12,), (12, 16)]

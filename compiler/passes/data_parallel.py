@@ -124,11 +124,12 @@ class _Layouts:
     def run(self) -> dict[int, str]:
         """Decide every node in graph order, again until nothing changes: a fill relabelled split by a
         later reader changes what the nodes between them must be (relabels and sums only grow, so
-        this ends)."""
+        this ends; the model-parallel exchanges are decided afresh in each sweep)."""
         for _ in range(len(self.graph.nodes) + 1):
             before = (dict(self.layout), set(self.reduced), dict(self.converted), set(self.relabelled),
                       set(self.model_nodes))
             refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
+            self.converted = {}                  # each sweep changes operands as their layouts now are
             for n in self.graph.nodes:
                 try:
                     self.layout[n.id] = self._decide(n)
@@ -150,12 +151,22 @@ class _Layouts:
             if self.of(i) == PARTIAL:
                 self.reduced.add((n.id, i))
 
+    def _summed_elsewhere(self, n: Node) -> bool:
+        """Is one of `n`'s partial operands summed for some other reader?"""
+        summed = {i for _, i in self.reduced}
+        return any(i in summed and self.seen(n, i) == PARTIAL for i in n.inputs)
+
     def seen(self, n: Node, i: int) -> str:
         """How `n` reads operand `i`: its layout, or what model_parallel changes it to first."""
         return self.converted.get((n.id, i), self.layout[i])
 
+    def sums(self, n: Node, i: int) -> bool:
+        """Is operand `i` summed over the ranks before `n` reads it?  (A pair recorded in an earlier
+        sweep whose operand is no longer partial sums nothing.)"""
+        return (n.id, i) in self.reduced and self.layout[i] == PARTIAL
+
     def _effective(self, n: Node, i: int) -> str:
-        return BROADCAST if (n.id, i) in self.reduced else self.seen(n, i)
+        return BROADCAST if self.sums(n, i) else self.seen(n, i)
 
     def _decide(self, n: Node) -> str:
         rule = OPS[n.op]
@@ -183,7 +194,9 @@ class _Layouts:
             return BROADCAST
         if PARTIAL in kinds:
             passed = self._partial(n)
-            if passed is not None:
+            # A partial value summed for another reader anyway (Adam's gradient: for g·g, and scaled for
+            # the first moment) is read summed here too: one all_reduce per value, not one per use.
+            if passed is not None and not self._summed_elsewhere(n):
                 return passed
             self._reduce_partials(n)
             kinds = {self._effective(n, i) for i in n.inputs}
@@ -390,7 +403,7 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
         return boxed[i, target]
 
     def operand(i: int, n: Node) -> int:
-        if (n.id, i) in rules.reduced:
+        if rules.sums(n, i):
             return summed(i, n)
         if (n.id, i) in rules.converted:
             return changed(i, rules.converted[n.id, i], n)
