@@ -142,6 +142,22 @@ def test_variables_split_with_get_variable_distribute_train_on_four_ranks():
     check_equal(lambda: train_job_of(split_variables_mlp, "adam"), batch(2, classes=4), ranks=4)
 
 
+def row_parallel(x):
+    """A weight (inputs, units) split along its inputs, read as x · W: partial sums of whole rows."""
+    x = flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 12, activation=flow.nn.relu, kernel_initializer=INIT,
+                          name="hidden")
+    w = flow.get_variable("w", shape=(12, 6), initializer=INIT, distribute=SPLIT)
+    return flow.nn.bias_add(flow.matmul(x, w), flow.get_variable("b", shape=(6,), initializer=INIT))
+
+
+def test_a_weight_split_along_its_inputs_keeps_each_ranks_rows_of_the_partial_sums():
+    local, distribution = check_equal(lambda: train_job_of(row_parallel, "momentum"), batch(4, classes=6))
+    assert set(distribution.sharded) == {"w", "w-momentum"}
+    # x split by column to meet W's rows, its product scattered back to the batch's rows before the bias
+    scattered = [n for n in local.nodes if n.op == "reduce_scatter" and n.type.shape == (B // 2, 6)]
+    assert len(scattered) == 1 and local.node(scattered[0].inputs[0]).op == "matmul"
+
+
 def test_a_predict_job_returns_the_logits_split_by_column_put_together():
     logical, values, local, distribution = logical_and_ranks(lambda: predict_job_of(hybrid_mlp))
     assert distribution.outputs == ["column_split"]

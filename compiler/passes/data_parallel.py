@@ -117,6 +117,7 @@ class _Layouts:
         self.converted: dict[tuple[int, int], str] = {}
         self.relabelled: set[int] = set()               # fills whose readers need them split (sticky)
         self.model_nodes: set[int] = set()              # whole values model-split readers need sliced (sticky)
+        self.row_partials: set[int] = set()             # partial sums of whole rows (model_parallel), per sweep
 
     def of(self, i: int) -> str:
         return self.layout[i]
@@ -129,7 +130,7 @@ class _Layouts:
             before = (dict(self.layout), set(self.reduced), dict(self.converted), set(self.relabelled),
                       set(self.model_nodes))
             refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
-            self.converted = {}                  # each sweep changes operands as their layouts now are
+            self.converted, self.row_partials = {}, set()   # decided afresh, from the layouts as they now are
             for n in self.graph.nodes:
                 try:
                     self.layout[n.id] = self._decide(n)
@@ -150,6 +151,10 @@ class _Layouts:
         for i in n.inputs:
             if self.of(i) == PARTIAL:
                 self.reduced.add((n.id, i))
+
+    def passes_partials(self, n: Node) -> bool:
+        """Does a partial operand of `n` pass through it (the result is partial, no sum first)?"""
+        return self._partial(n) is not None and not self._summed_elsewhere(n)
 
     def _summed_elsewhere(self, n: Node) -> bool:
         """Is one of `n`'s partial operands summed for some other reader?"""
@@ -196,7 +201,7 @@ class _Layouts:
             passed = self._partial(n)
             # A partial value summed for another reader anyway (Adam's gradient: for g·g, and scaled for
             # the first moment) is read summed here too: one all_reduce per value, not one per use.
-            if passed is not None and not self._summed_elsewhere(n):
+            if passed is not None and self.passes_partials(n):
                 return passed
             self._reduce_partials(n)
             kinds = {self._effective(n, i) for i in n.inputs}

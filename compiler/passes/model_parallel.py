@@ -12,6 +12,9 @@ of it, its optimizer state likewise, and updates only those.  For a dense layer,
               dx = dy · W         dy split by column (all_to_all), W by row: partial sums of dx, each
                                   rank's rows kept (reduce_scatter) where the batch is split again
 
+A weight (inputs, units) split along its inputs and read as x · W is the same dy · W case: x goes
+to columns, and each rank keeps its rows of the partial product before the next op.
+
 These rules extend the data-parallel layouts (compiler/passes/data_parallel.py) where a value is
 `model_split` or `column_split`; `box` builds each change of layout (OneFlow's boxing) from the
 collectives of compiler/ops/collectives.py and local reshapes and transposes, which
@@ -186,6 +189,7 @@ def _matmul(rules: Any, n: Node) -> str | None:
             return COLS
         if la != COLS:    # dy · W, W split by row (the contraction): dy split by column, partial sums
             _convert(rules, n, a, COLS)
+        rules.row_partials.add(n.id)      # partial sums of whole rows: each rank may keep its rows
         return PARTIAL
     if la == MODEL and not ta and lb == BROADCAST:
         return MODEL      # W · x: rows of W
@@ -199,16 +203,24 @@ def _matmul(rules: Any, n: Node) -> str | None:
 
 
 def _scatter_batch_partials(rules: Any, n: Node, seen: dict[int, str]) -> None:
-    """A partial value read next to one split over the batch, with the batch's extent along axis 0
-    (dx of a model-split layer): each rank keeps its rows of the sum (reduce_scatter) rather than
-    the whole sum, which the data-parallel rules could not combine with its split neighbour."""
+    """A partial value of whole rows (dx of a model-split layer, x · W of a weight split along its
+    inputs) read next to one split over the batch, or by an op it cannot pass through: each rank
+    keeps its rows of the sum (reduce_scatter) rather than the whole sum, which the data-parallel
+    rules could not combine with the batch's split rows."""
     if PARTIAL not in seen.values():
         return
     g = rules.graph
     extents = {g.node(i).type.shape[0] for i, layout in seen.items() if layout == SPLIT and g.node(i).type.shape}
+    rows = [i for i, layout in seen.items() if layout == PARTIAL and i in rules.row_partials]
+    if rows and rules.passes_partials(n):
+        if n.type.shape and n.type.shape[0] == g.node(rows[0]).type.shape[0]:
+            rules.row_partials.add(n.id)      # still whole rows (a reshape, a scaling)
+        return
     for i, layout in seen.items():
         shape = g.node(i).type.shape
-        if layout == PARTIAL and shape and shape[0] in extents and shape[0] % rules.ranks == 0:
+        if layout != PARTIAL or not shape or shape[0] % rules.ranks:
+            continue
+        if shape[0] in extents or i in rules.row_partials:
             rules.converted[(n.id, i)] = SPLIT
 
 
