@@ -68,7 +68,7 @@ def export_library(batch: int, folder: Path) -> Path:
     job = _example().make_jobs(batch)
     job(np.zeros((batch, 1, 28, 28), np.float32))               # initialises the variables
     flow.checkpoint.save(str(folder / "ckpt"))
-    return export_job(job, folder / "ckpt", folder / "lib", prefix=PREFIX).weights
+    return export_job(job, flow.checkpoint.get(str(folder / "ckpt")), folder / "lib", prefix=PREFIX).weights
 
 
 def c_call_seconds(batch: int, threads: int, seconds: float) -> dict[str, float]:

@@ -52,8 +52,8 @@ def test_hostile_names_and_a_step_error_through_the_exported_library(tmp_path):
     expected = job(x, labels)
     flow.checkpoint.save(str(tmp_path / "ckpt"))
     with pytest.raises(ExportError, match="cannot start C symbol names: give --prefix NAME"):
-        export_job(job, tmp_path / "ckpt", tmp_path / "refused")
-    result = export_job(job, tmp_path / "ckpt", tmp_path / "out", prefix="hostile")
+        export_job(job, flow.checkpoint.get(str(tmp_path / "ckpt")), tmp_path / "refused")
+    result = export_job(job, flow.checkpoint.get(str(tmp_path / "ckpt")), tmp_path / "out", prefix="hostile")
     assert "\n*/job" not in result.header.read_text()        # the job's name is a comment there, sanitised
     lib = _lib(result.shared_library)
 

@@ -158,3 +158,16 @@ def test_train_job_gpu_and_dynamic_inputs_are_refused_naming_the_job():
     check_exportable(ragged, "cpu", dynamic_at_max=True)
     with pytest.raises(ExportError, match="--device gpu is not built yet"):
         check_exportable(ragged, "gpu", dynamic_at_max=True)
+
+
+def test_values_missing_or_of_another_shape_are_refused_naming_the_variable():
+    from flowc.compiler.export.exporter import weights_of
+    from flowc.compiler.export.spec import ExportSpec, Tensor
+    from flowc.compiler.ir import TensorType
+    spec = ExportSpec("job", "job", [], [], [Tensor("w", "float32", (2, 3), 24)], 1, 0, 64, {}, False)
+    declared = {"w": TensorType((2, 3), "float32")}
+    with pytest.raises(ExportError, match="no value for variable 'w'.*job 'job'"):
+        weights_of(spec, declared, {})
+    with pytest.raises(ExportError, match=r"'w' is float64\[2, 3\].*reads float32\[2, 3\]"):
+        weights_of(spec, declared, {"w": np.zeros((2, 3))})
+    np.testing.assert_array_equal(weights_of(spec, declared, {"w": np.ones((2, 3), np.float32)})["w"], 1)

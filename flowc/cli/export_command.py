@@ -13,6 +13,7 @@ from pathlib import Path
 
 from flowc.cli.modules import CliError, JobRef, jobs_of
 from flowc.cli.output import check_output_folder
+from flowc.compiler.backends import HOST_DEVICE, backends, device_names, get_backend
 
 EPILOG = """examples:
   flowc export examples/export/lenet_predict.py:predict_job --checkpoint lenet_ckpt -o lenet_c --prefix lenet
@@ -32,9 +33,9 @@ def add_parser(sub) -> None:
                    help="a checkpoint folder (flow.checkpoint.save) holding the job's variables")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the folder to write (made if missing)")
     p.add_argument("--prefix", metavar="NAME", help="the C symbols' and files' prefix (default: the job's name)")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
-                   help="cpu (default); gpu is not built yet and is refused")
-    p.add_argument("--arch", metavar="sm_XX", help="GPU architecture (with --device gpu, not built yet)")
+    p.add_argument("--device", choices=device_names(), default=HOST_DEVICE,
+                   help=f"{HOST_DEVICE} (default); the accelerators are not built yet and are refused")
+    p.add_argument("--arch", metavar="sm_XX", help="accelerator architecture (not built yet)")
     p.add_argument("--dynamic-at-max", action="store_true",
                    help="export dynamic-shaped inputs at their declared maximum shape")
 
@@ -42,18 +43,21 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from flowc.compiler.export import ExportError, export_job
     from flowc.compiler.toolchain import ToolchainError
+    from flowc.runtime.checkpoint import CheckpointError, read_checkpoint
     ref = JobRef.parse(args.job)
     if ref.job is None:
         raise CliError(f"{args.job}: name the job to export, as MODULE.py:JOB")
-    if args.arch and args.device != "gpu":
-        raise CliError("--arch needs --device gpu")
+    if args.arch and get_backend(args.device).is_host:
+        accelerators = "|".join(b.name for b in backends() if not b.is_host)
+        raise CliError(f"--arch needs --device {accelerators}")
     out = Path(args.output)
     check_output_folder(out, "-o")
     job = jobs_of(args.job)[0]
     try:
-        result = export_job(job, args.checkpoint, out, prefix=args.prefix, device=args.device,
+        # the checkpoint as flow.load_variables takes it: read (and checked) variable by variable
+        result = export_job(job, read_checkpoint(args.checkpoint), out, prefix=args.prefix, device=args.device,
                             dynamic_at_max=args.dynamic_at_max)
-    except (ExportError, ToolchainError) as e:
+    except (ExportError, ToolchainError, CheckpointError) as e:
         raise CliError(str(e)) from None
     spec = result.spec
     for path in (result.header, result.shared_library, result.static_library, result.weights, result.readme):
