@@ -55,6 +55,7 @@ def test_hostile_names_and_a_step_error_through_the_exported_library(tmp_path):
         export_job(job, flow.checkpoint.get(str(tmp_path / "ckpt")), tmp_path / "refused")
     result = export_job(job, flow.checkpoint.get(str(tmp_path / "ckpt")), tmp_path / "out", prefix="hostile")
     assert "\n*/job" not in result.header.read_text()        # the job's name is a comment there, sanitised
+    assert "#define HOSTILE_SERIALIZED 0" in result.header.read_text()   # no kernel keeps process-wide scratch
     lib = _lib(result.shared_library)
 
     info = TensorInfo()

@@ -81,6 +81,8 @@ def test_files_and_header_document_the_api(exported):
                 "one model instance per thread", "CRC-32"):
         assert api in header, api
     assert "cc -O2 app.c -I. -L. -llenet" in (out / "README.txt").read_text()
+    # its convolutions keep process-wide scratch (packed weights): steps of different instances take a mutex
+    assert "#define LENET_SERIALIZED 1" in header
 
 
 def test_c_program_matches_the_python_job_bit_for_bit(exported, tmp_path):
