@@ -85,3 +85,39 @@ def test_hostile_names_and_a_step_error_through_the_exported_library(tmp_path):
     model = ctypes.c_void_p()
     assert lib.hostile_create_from_memory(blob, len(blob), ctypes.byref(model)) == ERROR_CODES["VARIABLE"]
     assert lib.hostile_last_error().decode("utf-8") == f"weights in memory: variable '{HOSTILE_VARIABLE}' is missing"
+
+
+def test_instances_of_a_model_without_shared_scratch_run_at_once(tmp_path):
+    """HOSTILE_SERIALIZED is 0: four instances step on four threads at the same time (ctypes releases
+    the GIL for each call) and every result equals the Python job's."""
+    import threading
+    job = _job()
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(4)]
+    labels = np.array([1, 0, 3, 2], np.int32)
+    expected = [job(x, labels) for x in xs]
+    flow.checkpoint.save(str(tmp_path / "ckpt"))
+    result = export_job(job, flow.checkpoint.get(str(tmp_path / "ckpt")), tmp_path / "out", prefix="hostile")
+    lib = _lib(result.shared_library)
+    failures: list[str] = []
+
+    def serve(x: np.ndarray, want: np.ndarray) -> None:
+        model = ctypes.c_void_p()
+        if lib.hostile_create_from_file(str(result.weights).encode(), ctypes.byref(model)) != 0:
+            failures.append(lib.hostile_last_error().decode())
+            return
+        out = np.empty_like(want)
+        inputs = (ctypes.c_void_p * 2)(x.ctypes.data, labels.ctypes.data)
+        outputs = (ctypes.c_void_p * 1)(out.ctypes.data)
+        for _ in range(300):
+            if lib.hostile_run(model, inputs, outputs) != 0 or out.tobytes() != want.tobytes():
+                failures.append(f"run: {lib.hostile_last_error().decode()!r}, {out} != {want}")
+                break
+        lib.hostile_destroy(model)
+
+    threads = [threading.Thread(target=serve, args=(x, want)) for x, want in zip(xs, expected)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
