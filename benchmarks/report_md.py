@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from benchmarks.machine import MachineLoad, machine_load_from_json
-from benchmarks.peers import LABELS
+from benchmarks.peers import C_FRAMEWORK, FRAMEWORKS, LABELS
 from benchmarks.summary import REFERENCE_FRAMEWORK, Summary
 from benchmarks.targets import MARK, evaluate, not_judged, ratio_target
 from benchmarks.workloads import BATCH, BERT_ZOO, RESNET_BATCH, RESNET_ZOO, STEP_WORKLOADS, WDL_BATCH
@@ -70,7 +70,7 @@ def render_markdown(summary: Summary, info: RunInfo | None = None) -> str:
     lines = ["# flowc benchmarks", ""]
     lines += _preamble(summary, info)
     for section in (_steps_section, _gflops_section, _sgemm_section, _ratio_section, _first_call_section,
-                    _io_section, _overhead_section, _scaling_section, _targets_section):
+                    _io_section, _overhead_section, _serve_section, _scaling_section, _targets_section):
         body = section(summary, info)
         if body:
             lines += [""] + body
@@ -231,6 +231,24 @@ def _overhead_section(summary: Summary, info: RunInfo) -> list[str]:
             + _table(["workload", "framework", "call", "kernels", "overhead"], rows, left=2))
 
 
+def _serve_section(summary: Summary, info: RunInfo) -> list[str]:
+    if not summary.serve:
+        return []
+    order = [C_FRAMEWORK, *FRAMEWORKS]
+    frameworks = sorted({f for per in summary.serve.values() for f in per},
+                        key=lambda f: (order.index(f) if f in order else len(order), f))
+    rows = []
+    for framework in frameworks:
+        one, hundred = summary.serve.get("b1", {}).get(framework), summary.serve.get("b100", {}).get(framework)
+        rows.append([_label(framework), NOT_MEASURED if one is None else f"{one * 1e6:,.0f}",
+                     NOT_MEASURED if hundred is None else f"{hundred * 1e3:,.2f}",
+                     _rate(None if hundred is None else 100 / hundred)])
+    return (["## Serving LeNet predict (median over rounds)", "",
+             "The predict job exported by `flowc export` and called from a C program, the same job called "
+             "from Python, and PyTorch eager: the latency of one call on one image, and calls of 100 images.", ""]
+            + _table(["framework", "batch 1 (µs per call)", "batch 100 (ms per call)", "batch 100 (images/s)"], rows))
+
+
 def _scaling_section(summary: Summary, info: RunInfo) -> list[str]:
     if not info.scaling:
         return []
@@ -255,4 +273,4 @@ def _targets_section(summary: Summary, info: RunInfo) -> list[str]:
 
 # The sections the README's Speed section shows (benchmarks/readme.py), before the targets.
 README_SECTIONS = (_steps_section, _ratio_section, _first_call_section, _io_section, _overhead_section,
-                   _scaling_section)
+                   _serve_section, _scaling_section)

@@ -34,7 +34,8 @@ from benchmarks.workloads import SGEMM_SIZE
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-TEST_FILES = ("benchmarks/test_bench_steps.py", "benchmarks/test_bench_async.py", "benchmarks/test_bench_overhead.py")
+TEST_FILES = ("benchmarks/test_bench_steps.py", "benchmarks/test_bench_async.py", "benchmarks/test_bench_overhead.py",
+              "benchmarks/test_bench_export.py")
 FIRST_CALL_FILE = "benchmarks/test_bench_first_call.py"
 PYTEST_NO_TESTS = 5         # pytest's exit code when everything was deselected or skipped
 

@@ -17,7 +17,7 @@ from benchmarks.workloads import STEP_WORKLOADS
 
 REFERENCE_FRAMEWORK = "flowc"
 _WORKLOAD_ORDER = list(STEP_WORKLOADS)
-_CACHE_ORDER = ["cold", "warm", "sync", "async"]
+_CACHE_ORDER = ["cold", "warm", "sync", "async", "b1", "b100"]
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,12 @@ class Sample:
     """One benchmark of one framework in one round."""
     framework: str
     workload: str
-    kind: str                   # "steps", "sgemm", "first_call", "io" or "overhead"
+    kind: str                   # "steps", "sgemm", "first_call", "io", "overhead" or "serve"
     round: int
     median_s: float             # pytest-benchmark's median seconds per timed call
     steps_per_call: int = 1
     gflop_per_step: float | None = None
-    variant: str = ""           # "cold" / "warm" (first_call), "sync" / "async" (io)
+    variant: str = ""           # "cold" / "warm" (first_call), "sync" / "async" (io), "b1" / "b100" (serve)
     first_call_s: tuple[float, ...] = ()
     compilations: tuple[int | None, ...] = ()
     overhead_s: float | None = None     # "overhead": mean call time minus mean time inside the kernels
@@ -51,7 +51,8 @@ def samples_from_run(run: dict[str, Any]) -> list[Sample]:
             continue
         samples.append(Sample(
             framework=info["framework"], workload=info.get("workload", ""), kind=info["kind"],
-            round=int(info.get("round", 0)), median_s=float(bench["stats"]["median"]),
+            # call_s: a call timed by the program that made it (the exported library's C caller)
+            round=int(info.get("round", 0)), median_s=float(info.get("call_s", bench["stats"]["median"])),
             steps_per_call=int(info.get("steps_per_call", 1)), gflop_per_step=info.get("gflop"),
             variant=info.get("variant", ""), first_call_s=tuple(info.get("first_call_s", ())),
             compilations=tuple(info.get("compilations", ())),
@@ -72,6 +73,7 @@ class Summary:
     warm_compilations: dict[str, dict[str, int]] = field(default_factory=dict)       # workload -> fw -> most seen
     io: dict[str, dict[str, float]] = field(default_factory=dict)         # framework -> sync/async/speedup
     overhead: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # workload -> fw -> s
+    serve: dict[str, dict[str, float]] = field(default_factory=dict)      # "b1"/"b100" -> fw -> s per call
 
     @property
     def ceiling(self) -> tuple[str, float] | None:
@@ -90,7 +92,7 @@ class Summary:
             "sgemm_ceiling": None if ceiling is None else {"framework": ceiling[0], "gflop_per_s": ceiling[1]},
             "flowc_over_peer": self.ratios, "first_call_s": self.first_call,
             "compilations_after_cache_filled": self.warm_compilations, "async_vs_sync": self.io,
-            "per_call_overhead_s": self.overhead,
+            "per_call_overhead_s": self.overhead, "serve_s_per_call": self.serve,
         }
 
 
@@ -126,7 +128,8 @@ def _paired_ratio(ours: dict[int, Sample], theirs: dict[int, Sample]) -> float:
 
 
 def summarize(samples: list[Sample]) -> Summary:
-    present = {s.framework for s in samples}
+    # A framework only the serving row has (the exported library, "flowc_c") gets no column elsewhere.
+    present = {s.framework for s in samples if s.kind != "serve"}
     frameworks = [f for f in FRAMEWORKS if f in present] + sorted(present - set(FRAMEWORKS))
     summary = Summary(frameworks=frameworks, rounds=len({s.round for s in samples}))
     _summarize_steps(summary, _by(samples, "steps"))
@@ -140,6 +143,8 @@ def summarize(samples: list[Sample]) -> Summary:
             summary.overhead.setdefault(workload, {})[framework] = {
                 "overhead_s": _median(s.overhead_s or 0.0 for s in measured),
                 "kernel_s": _median(s.kernel_s or 0.0 for s in measured)}
+    for (_, variant, framework), rounds in _by(samples, "serve").items():
+        summary.serve.setdefault(variant, {})[framework] = _median(s.median_s for s in rounds.values())
     return summary
 
 

@@ -34,7 +34,10 @@ LABELS: dict[str, str] = {
     "torch_eager": "PyTorch eager",
     "torch_compile": "torch.compile",
     "jax_jit": "JAX jit",
+    "flowc_c": "flowc library from C",
 }
+# The serving row's exported library (benchmarks/serve.py): timed in flowc's process, labelled apart.
+C_FRAMEWORK = "flowc_c"
 _REQUIRES: dict[str, str] = {"torch_eager": "torch", "torch_compile": "torch", "jax_jit": "jax"}
 
 

@@ -120,6 +120,29 @@ def c_literal(value: Any) -> CodeText:
     return CodeText(float.__repr__(number))
 
 
+def c_string(value: str) -> CodeText:
+    """`value` (hostile text: a job's or a variable's name) as a C/C++ string literal, quotes included.
+
+    Its UTF-8 bytes: printable ASCII as is, except `"`, `\\` and `?` (a trigraph's start), which are
+    escaped; every other byte as a three-digit octal escape (never a hex escape, which would run on
+    into a following hex digit).  The literal's bytes are exactly the text's UTF-8 bytes.
+
+    Example:
+        >>> print(c_string('say "hi"'))
+        "say \\"hi\\""
+    """
+    out = []
+    for byte in str.__str__(value).encode("utf-8", errors="surrogatepass"):
+        ch = chr(byte)
+        if ch in '"\\?':
+            out.append("\\" + ch)
+        elif 0x20 <= byte < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\{byte:03o}")
+    return CodeText('"' + "".join(out) + '"')
+
+
 def emit(value: Any) -> str:
     """The environment's `finalize`: what `{{ value }}` writes into a generated source.
 

@@ -3,6 +3,7 @@
     flowc compile MODULE.py [--job NAME ...]     fill the cache ahead of time
     flowc show MODULE.py[:JOB] --ir | --passes | --code | --memory | --kernels
     flowc graph MODULE.py:JOB -o FILE.{dot,svg,png}
+    flowc export MODULE.py:JOB --checkpoint DIR -o OUT/   a predict job as a C library
     flowc cache info | list | clear
     flowc launch -n N [--hosts H1,H2] SCRIPT.py [ARGS...]   run a script in N MPI processes
     flowc --version
@@ -18,11 +19,11 @@ import argparse
 import os
 import sys
 
-from flowc.cli import cache_command, compile_command, graph_command, launch_command, show_command
+from flowc.cli import cache_command, compile_command, export_command, graph_command, launch_command, show_command
 from flowc.cli.modules import CliError, ProcessExitRefused, refusing_os_exit
 
 COMMANDS = {"compile": compile_command, "show": show_command, "graph": graph_command, "cache": cache_command,
-            "launch": launch_command}
+            "launch": launch_command, "export": export_command}
 
 
 def build_parser() -> argparse.ArgumentParser:
