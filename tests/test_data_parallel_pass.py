@@ -139,6 +139,26 @@ def test_the_generated_step_starts_polls_and_waits_in_that_order():
     assert "#include \"flowc_comm.h\"" in source
 
 
+def test_the_updates_read_the_sums_in_their_buckets_unless_they_are_scaled():
+    on_ranks(2)
+    step = train_job_of().compile().source()
+    step = step[step.index('extern "C" int flowc_step'):]
+    assert "flowc::comm_unpack(" not in step and step.count("comm->data(comm->ctx, 0)") >= 4
+    flow.clear_default_session()
+    on_ranks(2)
+    config = flow.function_config()
+    config.default_logical_view(flow.scope.mirrored_view())
+
+    @flow.global_function(type="train", function_config=config)
+    def mirrored_job(images: tp.ListNumpy.Placeholder((B, 1, 4, 4), dtype=flow.float),
+                     labels: tp.ListNumpy.Placeholder((B,), dtype=flow.int32)) -> tp.ListNumpy:
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, mlp(images))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss
+    step = mirrored_job.compile().source()
+    assert step.count("flowc::comm_unpack(") == 4       # averaged: scaled by 1/2 into the arena
+
+
 @pytest.mark.parametrize("batch", [3, 5])
 def test_a_batch_that_does_not_divide_over_the_ranks_is_named(batch):
     on_ranks(2)

@@ -65,6 +65,14 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(model, tmp_path
         set(np.load(tmp_path / "two.npz").files)
 
 
+def test_one_gradient_per_bucket_is_summed_from_where_it_lies(tmp_path):
+    """nccl_fusion_threshold_mb(0): each bucket holds one gradient, which the engine sums without
+    copying it into the bucket first; the step's readers take every sum from its bucket."""
+    run(1, "lenet", "3", str(tmp_path / "one.npz"))
+    run(2, "lenet", "3", str(tmp_path / "two.npz"), "--bucket-mb", "0")
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
 @pytest.mark.parametrize("saved_by, loaded_by", [(2, 1), (1, 2)])
 def test_a_checkpoint_moves_between_device_counts(saved_by, loaded_by, tmp_path):
     straight = tmp_path / "straight.npz"

@@ -61,14 +61,21 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
     k->data = grown;
     k->capacity = total;
   }
-  int64_t at = 0;
-  for (int i = 0; i < count; ++i) {
-    memcpy(k->data + at, grads[i], (size_t)sizes[i] * sizeof(float));
-    at += sizes[i];
-  }
   if (total > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
   k->length = total;
-  return MPI_Iallreduce(MPI_IN_PLACE, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request)
+  /* One gradient is summed from where it lies (the step keeps it until the wait) into the bucket;
+     several are copied into the bucket first and summed there. */
+  const void* send = MPI_IN_PLACE;
+  if (count == 1) {
+    send = grads[0];
+  } else {
+    int64_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      memcpy(k->data + at, grads[i], (size_t)sizes[i] * sizeof(float));
+      at += sizes[i];
+    }
+  }
+  return MPI_Iallreduce(send, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request)
          == MPI_SUCCESS ? 0 : FLOWC_COMM_ERROR_FAILED;
 }
 

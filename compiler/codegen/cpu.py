@@ -23,6 +23,7 @@ from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_l
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
+from flowc.compiler.passes.fusion import view_roots
 from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
 
 # Below this many elements a loop runs on one thread: waking the OpenMP team costs more than a
@@ -94,9 +95,13 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
         super().__init__(graph, kernels, memory, version, profile, check_numerics)
         self.bindings: list[tuple] = [("arena",)]
         self._table = KernelTable()         # the step's distinct functions (dedup.py)
+        # Summed gradients read where the engine left them (CommCalls.direct): node -> its pointer.
+        self._in_bucket: dict[int, CodeText] = {}
 
     # -- buffers ----------------------------------------------------------------------
     def pointer(self, node_id: int) -> CodeText:
+        if node_id in self._in_bucket:
+            return self._in_bucket[node_id]
         buf = self.memory.storage[node_id]
         t = c_type(self.graph.node(node_id).type.dtype)
         if buf.kind == "arena":
@@ -114,6 +119,7 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
         calls: list[CodeText] = []
         numerics: list[list[CodeText]] = []     # per call: the NaN/Inf checks after it (check_numerics)
         comm = CommCalls(self, plan_buckets(self.graph, self.kernels))
+        self._in_bucket = comm.direct
         for index, k in enumerate(self.kernels):
             if k.kind == "collective":
                 calls.append(comm.at(index, k))
@@ -340,11 +346,29 @@ class CommCalls:
     def __init__(self, generator: CppGenerator, plan: list[Bucket]) -> None:
         self.gen, self.plan = generator, plan
         self.bucket_of = {m: b for b in plan for m in b.members}
+        self.direct = self._direct()
         self.slot: int | None = None
         if plan or any(n.op in EXCHANGES for n in generator.graph.nodes):
             generator.bindings.append(("comm",))
             self.slot = len(generator.bindings) - 1
         self._started_first = False
+
+    def _direct(self) -> dict[int, CodeText]:
+        """The sums (and views of them) their readers take from the bucket, where the engine left them,
+        instead of from a copy in the arena: every unscaled sum whose value only this step reads
+        (not a result the runtime reads back, not written into a variable in place)."""
+        graph, storage = self.gen.graph, self.gen.memory.storage
+        roots = view_roots(graph)
+        read_back = {roots.get(o, o) for o in graph.outputs}
+        direct: dict[int, CodeText] = {}
+        for m, b in self.bucket_of.items():
+            node = graph.node(m)
+            if node.attr("scale") == 1.0 and storage[m].kind == "arena" and m not in read_back:
+                direct[m] = code(f"(const_cast<float*>(comm->data(comm->ctx, {b.index})) + {b.offset(m)})")
+        for view, root in roots.items():
+            if root in direct:
+                direct[view] = direct[root]
+        return direct
 
     def _start(self, b: Bucket) -> str:
         grads = ", ".join(str(self.gen.pointer(self.gen.graph.node(m).inputs[0])) for m in b.members)
@@ -371,6 +395,8 @@ class CommCalls:
             return self._exchange(index, k, node)
         b = self.bucket_of[node.id]
         wait = f"if (int e = comm->wait(comm->ctx, {b.index})) return e; " if b.wait_at == index else ""
+        if node.id in self.direct:          # its readers take it from the bucket
+            return code(f"{self.before_first()}{wait}// {c_identifier(k.name)}: read in bucket {b.index}")
         out = self.gen.pointer(node.id)
         scale = literal(float(node.attr("scale")))
         return code(f"{self.before_first()}{wait}flowc::comm_unpack(comm->data(comm->ctx, {b.index}) + "

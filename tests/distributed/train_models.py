@@ -12,6 +12,7 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --bad-label               the last step's last label is out of range (it lies in rank 1's share)
     --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
     --load-after-clear DIR    and then load a checkpoint (past the first call: the master alone runs it)
+    --bucket-mb N             flow.config.collective_boxing.nccl_fusion_threshold_mb(N) (0: one gradient per bucket)
     --whole-eval              (hybrid) the predict job declares the split layer without model_distribute:
                               it reads the variables whole, which the train job holds in slices
 """
@@ -82,6 +83,8 @@ def mixed(x, train=True):
     return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
 
 
+if option("--bucket-mb") is not None:
+    flow.config.collective_boxing.nccl_fusion_threshold_mb(int(option("--bucket-mb")))
 NET = {"mlp": mlp, "lenet": lenet, "hybrid": hybrid, "mixed": mixed}[MODEL]
 
 
