@@ -65,11 +65,13 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(model, tmp_path
         set(np.load(tmp_path / "two.npz").files)
 
 
-def test_one_gradient_per_bucket_is_summed_from_where_it_lies(tmp_path):
+@pytest.mark.parametrize("model", ["lenet", "deep"])
+def test_one_gradient_per_bucket_is_summed_from_where_it_lies(model, tmp_path):
     """nccl_fusion_threshold_mb(0): each bucket holds one gradient, which the engine sums without
-    copying it into the bucket first; the step's readers take every sum from its bucket."""
-    run(1, "lenet", "3", str(tmp_path / "one.npz"))
-    run(2, "lenet", "3", str(tmp_path / "two.npz"), "--bucket-mb", "0")
+    copying it into the bucket first; the step's readers take every sum from its bucket.  The deep
+    MLP's repeated layers share kernel functions (tests/test_comm_calls.py: their buckets start)."""
+    run(1, model, "3", str(tmp_path / "one.npz"))
+    run(2, model, "3", str(tmp_path / "two.npz"), "--bucket-mb", "0")
     same(tmp_path / "one.npz", tmp_path / "two.npz")
 
 

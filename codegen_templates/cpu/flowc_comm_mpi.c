@@ -27,6 +27,7 @@ typedef struct {
   int64_t capacity;    /* floats */
   int64_t length;      /* floats of the reduction in flight */
   MPI_Request request;
+  int started;         /* started and not yet awaited: a wait without a start is an error, not stale sums */
 } bucket_t;
 
 typedef struct {
@@ -52,7 +53,7 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
   bucket_t* k = &c->bucket[b];
   /* A bucket still in flight (a step that stopped before its wait) would be overwritten under MPI:
      refuse, and the runtime stops the job rather than let the ranks' sums pair up wrongly. */
-  if (k->request != MPI_REQUEST_NULL) return FLOWC_COMM_ERROR_FAILED;
+  if (k->started || k->request != MPI_REQUEST_NULL) return FLOWC_COMM_ERROR_FAILED;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) total += sizes[i];
   if (total > k->capacity) {
@@ -75,8 +76,10 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
       at += sizes[i];
     }
   }
-  return MPI_Iallreduce(send, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request)
-         == MPI_SUCCESS ? 0 : FLOWC_COMM_ERROR_FAILED;
+  if (MPI_Iallreduce(send, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request) != MPI_SUCCESS)
+    return FLOWC_COMM_ERROR_FAILED;
+  k->started = 1;
+  return 0;
 }
 
 static int comm_progress(void* opaque) {
@@ -106,8 +109,10 @@ static int wait_request(flowc_mpi_t* c, MPI_Request* request) {
 
 static int comm_wait(void* opaque, int b) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
-  if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
-  return wait_request(c, &c->bucket[b].request);
+  if (b < 0 || b >= c->buckets || !c->bucket[b].started) return FLOWC_COMM_ERROR_FAILED;
+  const int rc = wait_request(c, &c->bucket[b].request);
+  if (rc == 0) c->bucket[b].started = 0;
+  return rc;
 }
 
 static int comm_exchange(void* opaque, int kind, const float* in, float* out, int64_t count) {

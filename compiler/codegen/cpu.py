@@ -134,10 +134,11 @@ class CppGenerator(CppIndexing, CppFusedRows, CppBatchNorm, KernelGenerator):
             which = f"  // {own}" if name != own else ""
             if returns_error:
                 # Stop at the first error: no later kernel (an optimizer update) may run on its data.
-                call = code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;{which}")
+                call = code(f"if (int e = {name}({args}, {self.error_code(k)})) return e;")
             else:
-                call = code(f"{name}({args});{which}")
-            calls.append(code(comm.before_first() + call + comm.after(index)))
+                call = code(f"{name}({args});")
+            # the comment naming a shared function goes last: the engine calls after it must not be in it
+            calls.append(code(comm.before_first() + call + comm.after(index) + which))
             numerics.append([code(f"if (flowc::any_non_finite({self.pointer(n)}, {self.graph.node(n).type.size})) "
                                   f"return {self.numerics_code(n)};") for n in self.numerics_checked(k)])
         checks = [{"labels": self.pointer(c.node), "rows": self.graph.node(c.node).type.size,

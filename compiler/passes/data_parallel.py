@@ -483,8 +483,3 @@ def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
     for key in SHAPE_ATTRS.get(n.op, ()):
         attrs[key] = _local_shape(tuple(attrs[key]), layout, ranks)
     return attrs
-    for key in SHAPE_ATTRS.get(n.op, ()):
-        shape = list(attrs[key])
-        shape[0] //= ranks
-        attrs[key] = tuple(shape)
-    return attrs

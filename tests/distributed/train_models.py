@@ -60,6 +60,17 @@ def lenet(x, train=True):
     return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
 
 
+def deep(x, train=True):
+    # three hidden layers of one shape: their kernels share generated functions (a bucket's start must
+    # still be code after a shared function's call)
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 32, activation=flow.nn.relu, kernel_initializer=init,
+                          name="hidden0")
+    for i in range(1, 4):
+        x = flow.layers.dense(x, 32, activation=flow.nn.relu, kernel_initializer=init, name=f"hidden{i}")
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="output")
+
+
 def hybrid(x, train=True):
     # OneFlow's hybrid-parallel MLP: a data-parallel hidden layer, the output layer split by unit over the
     # devices (model parallelism); a predict job with --whole-eval reads the output layer whole
@@ -85,7 +96,7 @@ def mixed(x, train=True):
 
 if option("--bucket-mb") is not None:
     flow.config.collective_boxing.nccl_fusion_threshold_mb(int(option("--bucket-mb")))
-NET = {"mlp": mlp, "lenet": lenet, "hybrid": hybrid, "mixed": mixed}[MODEL]
+NET = {"mlp": mlp, "lenet": lenet, "deep": deep, "hybrid": hybrid, "mixed": mixed}[MODEL]
 
 
 @flow.global_function(type="train")
