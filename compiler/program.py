@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from flowc.compiler.ir import Graph
+from flowc.compiler.ops import OPS
 
 # How a kernel is laid out (compiler/passes/fusion.py makes them; each backend lowers every kind).
 KernelKind = Literal["pointwise", "reduction", "matmul", "row", "window", "xent_fused", "collective"]
@@ -129,3 +130,12 @@ class Program:
         if self.memory is not None:
             lines.append(self.memory.format(self.graph, self.kernels))
         return self.graph.format() + "\n" + "\n".join(lines)
+
+
+def view_roots(graph: Graph) -> dict[int, int]:
+    """reshape node -> the node whose buffer it shares (views share their root's buffer)."""
+    roots: dict[int, int] = {}
+    for n in graph.nodes:
+        if OPS[n.op].kind == "view":
+            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
+    return roots

@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowc.compiler.ir import Graph
-from flowc.compiler.ops import OPS
-from flowc.compiler.program import Kernel
+from flowc.compiler.program import Kernel, view_roots
 
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
 COMM_FAILED = 900001
@@ -57,10 +56,7 @@ def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
     (a sum the forward pass reads, or an update the schedule runs early), or that must be awaited
     before the bucket's last value is written."""
     position = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
-    roots: dict[int, int] = {}        # a view (reshape) -> the node whose buffer it shares
-    for n in graph.nodes:
-        if OPS[n.op].kind == "view":
-            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
+    roots = view_roots(graph)          # a view (reshape) -> the node whose buffer it shares
 
     def written_at(node_id: int) -> int:
         source = graph.node(node_id).inputs[0]

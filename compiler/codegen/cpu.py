@@ -23,8 +23,7 @@ from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_l
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
-from flowc.compiler.passes.fusion import view_roots
-from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
+from flowc.compiler.program import Kernel, KernelKind, MemoryPlan, view_roots
 
 # Below this many elements a loop runs on one thread: waking the OpenMP team costs more than a
 # small loop takes (a few microseconds on an idle machine with the team spinning, 50-150 us on the

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
-from flowc.compiler.program import FusionLog, Kernel
+from flowc.compiler.program import FusionLog, Kernel, view_roots
 
 
 # Row and window ops whose kernels run an epilogue (besides matmuls and reductions): conv2d indexes it
@@ -306,14 +306,5 @@ def order_kernels(graph: Graph, kernels: list[Kernel], inplace_writes: dict[int,
         done.add(ready)
         pending.remove(ready)
     return order
-
-
-def view_roots(graph: Graph) -> dict[int, int]:
-    """reshape node -> the node whose buffer it shares."""
-    roots: dict[int, int] = {}
-    for n in graph.nodes:
-        if OPS[n.op].kind == "view":
-            roots[n.id] = roots.get(n.inputs[0], n.inputs[0])
-    return roots
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from flowc.compiler.ir import Graph
 from flowc.compiler.ops import OPS
-from flowc.compiler.passes.fusion import view_roots
+from flowc.compiler.program import view_roots
 from flowc.compiler.program import Buffer, Kernel, MemoryPlan
 
 ALIGN = 64  # bytes: a cache line, and what AVX loads like

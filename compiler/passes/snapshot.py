@@ -17,7 +17,7 @@ are computed values): the pass hands back the very same graph, so its generated 
 from __future__ import annotations
 
 from flowc.compiler.ir import Graph, GraphBuilder
-from flowc.compiler.passes.fusion import view_roots
+from flowc.compiler.program import view_roots
 
 
 def read_from_assigned_variable(graph: Graph) -> list[int]:
