@@ -29,8 +29,7 @@ from flowc.compiler.export.weights import DTYPE_CODES, ERROR_CODES
 
 # The GPU library's codes past the loader's (the CPU export's table stays as it is).
 GPU_ERROR_CODES = {"CUDA": max(ERROR_CODES.values()) + 1}
-GPU_ERROR_DOCS = {"CUDA": "a CUDA driver call failed (no driver or device, out of device memory, a kernel "
-                          "fault): the message names the call and its CUresult"}
+GPU_ERROR_DOCS = {"CUDA": "a CUDA driver call failed: the message names the call and its CUresult"}
 STEP_SOURCE = "step.cu"
 FATBIN = "kernels.fatbin"
 
