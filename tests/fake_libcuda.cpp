@@ -194,6 +194,12 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream)
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
+  if (CUresult r = in_context("cuMemcpyDtoH")) return r;
+  emu_copy(dst, reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) {
   if (CUresult r = in_context("cuMemcpyDtoHAsync")) return r;
   emu_copy(dst, reinterpret_cast<const void*>(src), n);
