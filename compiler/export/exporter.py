@@ -109,7 +109,7 @@ def export_job(job, values: Mapping[str, Any], out_dir: str | os.PathLike, prefi
     prefix = check_prefix(prefix if prefix is not None else job.name, "--prefix" if prefix else "the job's name")
     folder = Path(out_dir)
     if device != HOST_DEVICE:
-        return _export_accelerator(job, values, folder, prefix, arch)
+        return _export_accelerator(job, values, folder, prefix, device, arch)
     step = job.compile(device=HOST_DEVICE).step
     spec = interface_of(job, step, prefix)
     arrays = weights_of(spec, dict(step.program.graph.variables), values)
@@ -131,11 +131,12 @@ def _write_checked_weights(folder: Path, prefix: str, arrays: dict) -> Path:
     return weights
 
 
-def _export_accelerator(job, values: Mapping[str, Any], folder: Path, prefix: str, arch: str | None) -> ExportResult:
+def _export_accelerator(job, values: Mapping[str, Any], folder: Path, prefix: str, device: str,
+                        arch: str | None) -> ExportResult:
     """The GPU library (compiler/export/cuda_export.py): the same files, the same weights."""
     from flowc.compiler.cuda_toolchain import device_arch
     from flowc.compiler.export.cuda_export import build_gpu, export_gpu_sources
-    spec, step = export_gpu_sources(job, prefix, arch or device_arch(), folder)
+    spec, step = export_gpu_sources(job, device, prefix, arch or device_arch(), folder)
     arrays = weights_of(spec, dict(step.program.graph.variables), values)
     weights = _write_checked_weights(folder, prefix, arrays)
     build_gpu(folder / "src")
