@@ -42,9 +42,6 @@ def check_exportable(job, device: str, dynamic_at_max: bool = False) -> None:
     """Refuse, before anything is compiled, what `flowc export` does not build (naming the job and input)."""
     if device not in device_names():
         raise ExportError(f"--device {device!r}: expected one of {', '.join(device_names())}")
-    if device != HOST_DEVICE:
-        raise ExportError(f"job {job.name!r}: --device {device} is not built yet: `flowc export` builds the "
-                          f"{HOST_DEVICE} library only (the accelerator variant is future work of issue 18)")
     if job.job_type != "predict":
         raise ExportError(f"job {job.name!r} is a {job.job_type} job: only predict jobs can be exported "
                           f"(a train job updates its variables, which the exported library does not save)")
@@ -94,12 +91,13 @@ def _build(src: Path) -> None:
 
 
 def export_job(job, values: Mapping[str, Any], out_dir: str | os.PathLike, prefix: str | None = None,
-               device: str = HOST_DEVICE, dynamic_at_max: bool = False) -> ExportResult:
+               device: str = HOST_DEVICE, dynamic_at_max: bool = False, arch: str | None = None) -> ExportResult:
     """Export predict `job` with the variables `values` into the folder `out_dir` (made if missing).
 
     `values` maps each variable's name to its array: `flow.checkpoint.get(DIR)` (a checkpoint, as
     `flow.load_variables` takes it) or any dict of arrays.  `prefix` starts every C symbol and file
-    name (default: the job's name).
+    name (default: the job's name).  `device="gpu"` builds the CUDA library for `arch` ("sm_90"; None:
+    the current GPU's) instead (compiler/export/cuda_export.py).
 
     Example:
         >>> r = export_job(eval_job, flow.checkpoint.get("lenet_models_1"), "out", prefix="lenet")  # doctest: +SKIP
@@ -109,18 +107,38 @@ def export_job(job, values: Mapping[str, Any], out_dir: str | os.PathLike, prefi
     from flowc.compiler.cache import package_version
     check_exportable(job, device, dynamic_at_max)
     prefix = check_prefix(prefix if prefix is not None else job.name, "--prefix" if prefix else "the job's name")
+    folder = Path(out_dir)
+    if device != HOST_DEVICE:
+        return _export_accelerator(job, values, folder, prefix, device, arch)
     step = job.compile(device=HOST_DEVICE).step
     spec = interface_of(job, step, prefix)
     arrays = weights_of(spec, dict(step.program.graph.variables), values)
-    folder = Path(out_dir)
     src = folder / "src"
     src.mkdir(parents=True, exist_ok=True)
     for relative, text in render_sources(spec, step.generated.source, package_version()).items():
         (folder / relative).write_text(text if text.endswith("\n") else text + "\n")
     _copy_headers(src)
+    weights = _write_checked_weights(folder, prefix, arrays)
+    _build(src)
+    return ExportResult(folder, folder / f"{prefix}.h", folder / f"lib{prefix}.so", folder / f"lib{prefix}.a",
+                        weights, folder / "README.txt", spec)
+
+
+def _write_checked_weights(folder: Path, prefix: str, arrays: dict) -> Path:
     weights = folder / f"{prefix}.weights"
     write_weights(weights, arrays)
     parse_weights(weights.read_bytes(), str(weights))      # what the library will check, checked now
-    _build(src)
+    return weights
+
+
+def _export_accelerator(job, values: Mapping[str, Any], folder: Path, prefix: str, device: str,
+                        arch: str | None) -> ExportResult:
+    """The GPU library (compiler/export/cuda_export.py): the same files, the same weights."""
+    from flowc.compiler.cuda_toolchain import device_arch
+    from flowc.compiler.export.cuda_export import build_gpu, export_gpu_sources
+    spec, step = export_gpu_sources(job, device, prefix, arch or device_arch(), folder)
+    arrays = weights_of(spec, dict(step.program.graph.variables), values)
+    weights = _write_checked_weights(folder, prefix, arrays)
+    build_gpu(folder / "src")
     return ExportResult(folder, folder / f"{prefix}.h", folder / f"lib{prefix}.so", folder / f"lib{prefix}.a",
                         weights, folder / "README.txt", spec)

@@ -18,6 +18,8 @@ from flowc.compiler.backends import HOST_DEVICE, backends, device_names, get_bac
 EPILOG = """examples:
   flowc export examples/export/lenet_predict.py:predict_job --checkpoint lenet_ckpt -o lenet_c --prefix lenet
   cc app.c -Ilenet_c -Llenet_c -llenet -Wl,-rpath,"$PWD/lenet_c" -o app
+  flowc export examples/export/lenet_predict.py:predict_job --checkpoint lenet_ckpt -o lenet_gpu --prefix lenet \
+      --device gpu --arch sm_90
 
 Only predict jobs export; inputs with dynamic shapes need --dynamic-at-max (the library then runs
 their declared maximum shape, and callers pad to it)."""
@@ -34,8 +36,10 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the folder to write (made if missing)")
     p.add_argument("--prefix", metavar="NAME", help="the C symbols' and files' prefix (default: the job's name)")
     p.add_argument("--device", choices=device_names(), default=HOST_DEVICE,
-                   help=f"{HOST_DEVICE} (default); the accelerators are not built yet and are refused")
-    p.add_argument("--arch", metavar="sm_XX", help="accelerator architecture (not built yet)")
+                   help=f"{HOST_DEVICE} (default), or gpu: a library that runs the job on an NVIDIA GPU through "
+                        f"the CUDA driver API (built with nvcc; no GPU needed to export)")
+    p.add_argument("--arch", metavar="sm_XX", help="the GPU architecture of --device gpu (e.g. sm_90; default: "
+                                                   "the current GPU's)")
     p.add_argument("--dynamic-at-max", action="store_true",
                    help="export dynamic-shaped inputs at their declared maximum shape")
 
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the checkpoint as flow.load_variables takes it: read (and checked) variable by variable
         result = export_job(job, read_checkpoint(args.checkpoint), out, prefix=args.prefix, device=args.device,
-                            dynamic_at_max=args.dynamic_at_max)
+                            dynamic_at_max=args.dynamic_at_max, arch=args.arch)
     except (ExportError, ToolchainError, CheckpointError) as e:
         raise CliError(str(e)) from None
     spec = result.spec
