@@ -1,7 +1,10 @@
 """`flow.distribute`: parallel-distribution hints and the old names of the logical views.
 
 On one device a hint changes nothing (every device holds the whole blob); flowc checks it and keeps
-the program's meaning.  See compiler/distribute.py.
+the program's meaning.  On several MPI ranks, `split(0)` on a variable (`get_variable(distribute=)`,
+a dense layer's `model_distribute=`) holds it in slices, one per rank (model parallelism:
+compiler/passes/model_parallel.py, docs/distributed.md); a blob's `with_distribute` hint stays a hint.
+See compiler/distribute.py.
 
 Example:
     w = flow.get_variable("w", shape=(10, 784), distribute=flow.distribute.split(0))
