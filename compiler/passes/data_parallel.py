@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from flowc.compiler.errors import TraceError
-from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node, TensorType
+from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes import model_parallel
@@ -444,7 +444,8 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
         else:
             assigns[var] = new_id[value]
     scalars = dict(graph.scalars, **({RANK_SCALAR: "int64"} if rank else {}))
-    variables = {var: _shard(t, ranks) if var in split_variables else t for var, t in graph.variables.items()}
+    variables = {var: replace(t, shape=_local_shape(t.shape, MODEL, ranks)) if var in split_variables else t
+                 for var, t in graph.variables.items()}
     local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, variables,
                   scalars, [new_id[p] for p in graph.placeholders])
     local.verify()
@@ -472,10 +473,6 @@ def _local_shape(shape: tuple[int, ...], layout: str, ranks: int) -> tuple[int, 
     if layout == COLS:
         return shape[:-1] + (shape[-1] // ranks,)
     return shape
-
-
-def _shard(t: TensorType, ranks: int) -> TensorType:
-    return replace(t, shape=(t.shape[0] // ranks,) + t.shape[1:])
 
 
 def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
