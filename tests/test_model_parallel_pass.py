@@ -142,6 +142,25 @@ def test_variables_split_with_get_variable_distribute_train_on_four_ranks():
     check_equal(lambda: train_job_of(split_variables_mlp, "adam"), batch(2, classes=4), ranks=4)
 
 
+def wide_hidden_mlp(x):
+    """A model-parallel hidden layer wide enough that its weight (32, 16) outweighs the batch's
+    activations (8 x 32 and 8 x 16): its gradient is computed from columns, not scattered."""
+    x = flow.reshape(x, [x.shape[0], -1])
+    x = flow.layers.dense(x, 32, activation=flow.nn.relu, kernel_initializer=INIT, name="hidden",
+                          model_distribute=SPLIT)
+    return flow.layers.dense(x, 8, kernel_initializer=INIT, name="out")
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_wide_split_layers_weight_gradient_comes_from_columns_of_the_batch(optimizer):
+    local, _ = check_equal(lambda: train_job_of(wide_hidden_mlp, optimizer), batch(5))
+    # dW = dyᵀ · x from dy split by column and the forward's gathered x: no reduce_scatter of dW
+    assert not [n for n in local.nodes if n.op == "reduce_scatter" and len(n.type.shape) == 2]
+    product = [n for n in local.nodes if n.op == "matmul" and n.type.shape == (16, 16)]
+    assert len(product) == 1 and [local.node(i).op for i in product[0].inputs] == ["reshape", "all_gather"]
+    assert ops(local).count("all_gather") == 1          # the backward reads the forward's gathered batch
+
+
 def row_parallel(x):
     """A weight (inputs, units) split along its inputs, read as x · W: partial sums of whole rows."""
     x = flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 12, activation=flow.nn.relu, kernel_initializer=INIT,

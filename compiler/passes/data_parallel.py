@@ -117,6 +117,7 @@ class _Layouts:
         self.converted: dict[tuple[int, int], str] = {}
         self.relabelled: set[int] = set()               # fills whose readers need them split (sticky)
         self.model_nodes: set[int] = set()              # whole values model-split readers need sliced (sticky)
+        self.column_products: set[int] = set()          # model-split gradients made from columns (sticky)
         self.row_partials: set[int] = set()             # partial sums of whole rows (model_parallel), per sweep
 
     def of(self, i: int) -> str:
@@ -128,7 +129,7 @@ class _Layouts:
         this ends; the model-parallel exchanges are decided afresh in each sweep)."""
         for _ in range(len(self.graph.nodes) + 1):
             before = (dict(self.layout), set(self.reduced), dict(self.converted), set(self.relabelled),
-                      set(self.model_nodes))
+                      set(self.model_nodes), set(self.column_products))
             refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
             self.converted, self.row_partials = {}, set()   # decided afresh, from the layouts as they now are
             for n in self.graph.nodes:
@@ -141,7 +142,8 @@ class _Layouts:
                         continue
                     refusals.append(err)
                     self.layout[n.id] = SPLIT
-            if before == (self.layout, self.reduced, self.converted, self.relabelled, self.model_nodes):
+            if before == (self.layout, self.reduced, self.converted, self.relabelled, self.model_nodes,
+                          self.column_products):
                 if refusals:
                     raise refusals[0]
                 return self.layout

@@ -8,7 +8,9 @@ of it, its optimizer state likewise, and updates only those.  For a dense layer,
     forward   y = x · Wᵀ + b      x whole (all_gather of the batch's rows), W and b split by unit:
                                   y is split by column (each rank: every row, its units)
     loss      rows again          all_to_all (columns -> rows) before an op that reads whole rows
-    backward  dW = dyᵀ · x        partial sums over the batch, each rank's slice kept: reduce_scatter
+    backward  dW = dyᵀ · x        dy split by column (all_to_all), x whole (the forward's all_gather):
+                                  each rank computes its rows of dW, where summing the batch's partial
+                                  products and keeping a slice (reduce_scatter) would move all of dW
               dx = dy · W         dy split by column (all_to_all), W by row: partial sums of dx, each
                                   rank's rows kept (reduce_scatter) where the batch is split again
 
@@ -52,6 +54,8 @@ def decide(rules: Any, n: Node) -> str | None:
     present = set(seen.values())
     if n.id in rules.model_nodes:
         return _as_model(rules, n)
+    if n.id in rules.column_products:
+        return _column_product(rules, n)
     if not present & {MODEL, COLS}:
         _scatter_batch_partials(rules, n, seen)
         return None
@@ -95,6 +99,44 @@ def _convert(rules: Any, n: Node, i: int, target: str) -> None:
     if (source, target) not in BOXING:
         raise layout_error(n, f"its operand {rules.graph.node(i).op} is {source}, and flowc cannot make it {target}")
     rules.converted[(n.id, i)] = target
+    if (source, target) == (PARTIAL, MODEL):
+        _prefer_columns(rules, i)
+
+
+# Ops a partial operand passes through unchanged in shape on its way from a weight gradient's
+# matmul to the update (a learning-rate scale, a weight decay's add).
+_PARTIAL_PATH = {"multiply", "divide", "add", "subtract", "negative", "snapshot", "cast"}
+
+
+def _prefer_columns(rules: Any, i: int) -> None:
+    """A batch's partial product about to be scattered to a model-split slice (dW = dyᵀ · x of a
+    split weight, both operands split over the batch): when moving dy (by column) and x (whole)
+    costs fewer elements than scattering all of dW, mark the matmul to compute its rows of dW
+    from those instead (next sweep).  The forward pass already gathered x for the same layer."""
+    g = rules.graph
+    node = g.node(i)
+    while node.op in _PARTIAL_PATH and node.id not in rules.column_products:
+        partial = [x for x in node.inputs if rules.layout[x] == PARTIAL and g.node(x).type.shape == node.type.shape]
+        if len(partial) != 1:
+            return
+        node = g.node(partial[0])
+    if node.op != "matmul" or len(node.type.shape) != 2 or not node.attr("transpose_a") or node.attr("transpose_b"):
+        return
+    a, b = node.inputs
+    if rules.layout[a] != SPLIT or rules.layout[b] != SPLIT or g.node(a).type.shape[1] % rules.ranks:
+        return
+    moved = g.node(a).type.size + g.node(b).type.size
+    if moved < node.type.size:
+        rules.column_products.add(node.id)
+
+
+def _column_product(rules: Any, n: Node) -> str:
+    """aᵀ · b marked by `_prefer_columns`: a split by column, b whole, this rank's rows of the product."""
+    a, b = n.inputs
+    for i, target in ((a, COLS), (b, BROADCAST)):
+        if rules.seen(n, i) != target:
+            _convert(rules, n, i, target)
+    return MODEL
 
 
 def _keeps_layout(rules: Any, n: Node, seen: dict[int, str]) -> bool:
@@ -193,6 +235,8 @@ def _matmul(rules: Any, n: Node) -> str | None:
         return PARTIAL
     if la == MODEL and not ta and lb == BROADCAST:
         return MODEL      # W · x: rows of W
+    if la == COLS and ta and not tb and lb == BROADCAST:
+        return MODEL      # dyᵀ · x, dy split by column: rows of dW
     if MODEL in (la, lb):
         raise layout_error(n, f"its operands are {la} and {lb} (transpose_a={ta}, transpose_b={tb}); flowc splits "
                               "a matmul over a model-split weight as x · Wᵀ or dy · W")
