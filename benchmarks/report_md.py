@@ -257,7 +257,9 @@ def _scaling_section(summary: Summary, info: RunInfo) -> list[str]:
              f"The same global batch (MLP and LeNet: {BATCH}; BERT-tiny: {BERT_TINY_BATCH}) on one process and split "
              "over two (`mpiexec -n 2`, consistent view: the gradients are summed inside the compiled step); "
              "the best of the rounds; the last column is the master's time per step waiting for its gradient "
-             f"sums. Target: {TARGET_SPEEDUP}x (issue 17).", ""]
+             f"sums. Target: {TARGET_SPEEDUP}x (issue 17). The MLP's line with its hidden layer split over the "
+             "ranks by unit (model parallelism: `model_distribute=flow.distribute.split(0)`) has no target: it "
+             "shows what keeping that layer's 1.6 MB weight in halves, instead of summing its gradient, gives.", ""]
             + scaling_table(info.scaling, judged=info.busy is False))
 
 
