@@ -238,3 +238,19 @@ def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
             named = True
             break
     assert named or lost == 0
+
+
+def test_nan_inf_and_negative_zero_cross_every_exchange_as_in_one_process(tmp_path):
+    """all_gather, reduce_scatter, all_to_all and all_reduce on 2 ranks (tests/distributed/special_values.py):
+    the same bits as one process, NaN, ±Inf and -0.0 included."""
+    one_and_two_ranks("special_values", tmp_path)
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    for key in one.files:
+        assert np.array_equal(one[key].view(np.uint32), two[key].view(np.uint32)), key
+    stats = two["column_stats"]
+    assert stats[0] == 0 and np.signbit(stats[0])                      # a sum of -0.0 stays -0.0
+    assert stats[1] == np.inf and np.isnan(stats[2]) and np.isnan(stats[3]) and np.isfinite(stats[4])
+    row_sums = two["row_sums"].ravel()                                 # sqrt(5x) for x = NaN, Inf, -Inf, ...
+    assert np.isnan(row_sums[0]) and row_sums[1] == np.inf and np.isnan(row_sums[2])
+    assert np.isfinite(row_sums[3:6]).all()
+    assert np.isnan(two["rows"][0]).all() and (two["rows"][2] == -np.inf).all()
