@@ -324,6 +324,10 @@ class DistributedStep(LoadedStep):
             # rank r's rows (the placeholders' batch axis divides over the ranks: the pass checked);
             # plain slices, as np.split's per-call overhead is a tenth of a small job's step
             rows = [a.shape[0] // ranks for a in typed]
+            for a, n, p in zip(typed, rows, graph.placeholders):
+                if not a.ndim or n * ranks != a.shape[0]:     # never drop the rows a slice would leave out
+                    raise DistributedError(f"job {self.job_name!r}: input {graph.node(p).name or p!r} of shape "
+                                           f"{list(a.shape)} does not split along axis 0 over {ranks} ranks")
             shards = [[part if borrowed and part.flags.c_contiguous else np.array(part)
                        for part in (a[r * n:(r + 1) * n] for a, n in zip(typed, rows))] for r in range(ranks)]
             self.inner.feed(slot, shards[0], scalars)

@@ -49,3 +49,26 @@ def test_adam_sums_each_gradient_once_for_both_of_its_moments():
     local, _ = check_equal(lambda: train_job_of(plain_mlp, "adam"), inputs)
     sums = [n for n in local.nodes if n.op == "all_reduce"]
     assert sorted(n.type.shape for n in sums) == [(10,), (10, 12), (12,), (12, 16)]
+
+
+def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
+    """The master slices each input into the ranks' rows; a batch that does not divide (7 rows on 2
+    ranks) is an error naming the input, never a share that silently leaves a row out."""
+    import types
+
+    import pytest
+
+    from flowc.compiler.errors import DistributedError
+    from flowc.runtime.distributed import DistributedStep
+    from tests.test_model_parallel_pass import logical_and_ranks
+
+    _, _, local, _ = logical_and_ranks(lambda: train_job_of(plain_mlp, "sgd"))
+    step = DistributedStep.__new__(DistributedStep)        # the master's feed alone: no MPI here
+    step.graph, step.job_name, step._pending = local, "train_job", {}
+    step.cluster = types.SimpleNamespace(ranks=2)
+    step.compiled = types.SimpleNamespace(generated=types.SimpleNamespace(label_checks=[]))
+    step.inner = types.SimpleNamespace(feed=lambda *args: None)
+    images = np.zeros((B - 1, 1, 4, 4), np.float32)
+    with pytest.raises(DistributedError, match=r"input .* of shape \[7, 1, 4, 4\] does not split along axis 0 over 2"):
+        step.feed(object(), [images, np.zeros(B - 1, np.int32)])
+    step.feed(object(), [np.zeros((B, 1, 4, 4), np.float32), np.zeros(B, np.int32)])    # 8 rows: 4 each
