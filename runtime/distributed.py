@@ -253,7 +253,8 @@ class Cluster:
                 scalars = {**scalars, RANK_SCALAR: self.world.rank}
             try:
                 # shares received straight into the slot's own inputs need no copy there
-                loaded.feed(loaded.slots[0], [] if inputs is _slot_inputs(loaded) else inputs, scalars)
+                received_in_slot = inputs is getattr(loaded.slots[0], "inputs", None)
+                loaded.feed(loaded.slots[0], [] if received_in_slot else inputs, scalars)
                 outputs = loaded.compute(loaded.slots[0])
             except Exception as err:
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
