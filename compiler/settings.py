@@ -96,6 +96,11 @@ SETTINGS: tuple[Setting, ...] = (
             "the MPI compiler wrapper that builds flowc's MPI engine (`codegen_templates/cpu/flowc_comm_mpi.c`), "
             "once per MPI installation. It must belong to the MPI that mpi4py loads.",
             "compiler.comm_library"),
+    Setting("FLOWC_NCCL", "path",
+            "the `nvidia-nccl-cu12` (or `-cu13`) wheel's `libnccl.so.2`, else the system's `libnccl.so.2`",
+            "the NCCL library a data-parallel GPU job sums its gradients with (one process per GPU); flowc "
+            "opens it at the job's first step, so no NCCL header is needed to build.",
+            "runtime.nccl"),
     Setting("CXX", "text", "`g++`",
             "C++ compiler to use for CPU kernels, as a command line (`clang++`, `ccache g++`).",
             "compiler.toolchain", "toolchain"),
@@ -257,6 +262,11 @@ def comm_timeout() -> float | None:
 def mpicc() -> str | None:
     """``$FLOWC_MPICC`` (a command line, not yet split), or None when unset."""
     return _text("FLOWC_MPICC")
+
+
+def nccl() -> Path | None:
+    """``$FLOWC_NCCL``: the NCCL shared library to open, or None when unset."""
+    return _path("FLOWC_NCCL")
 
 
 def cxx() -> str | None:

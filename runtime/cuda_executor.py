@@ -44,10 +44,10 @@ import pycuda.driver as cuda
 from flowc.compiler.backends import HOST_DEVICE
 from flowc.compiler.codegen.cuda import GeneratedCudaStep
 from flowc.compiler.codegen.cuda_host import host_buffers
-from flowc.compiler.errors import StepError
+from flowc.compiler.errors import DistributedError, StepError
 from flowc.compiler.ir import numpy_dtype
 from flowc.runtime.devices import DEVICE_VARIABLES_ATTR
-from flowc.runtime.loaded_step import LoadedStep
+from flowc.runtime.loaded_step import COMM_ERRORS, LoadedStep
 
 MIN_ALLOC = 256    # bytes; cuMemAlloc refuses 0, and 256 is its alignment anyway
 STEP_LIBRARY_SUFFIX = ".so"     # a step library (host step); anything else is a cubin for PyCUDA
@@ -74,14 +74,18 @@ def open_step_library(path: str):
 
 
 class _Device:
-    """Device 0's primary context, made current around every CUDA call, on whichever thread."""
+    """The primary context of this process's GPU (device 0 in a process launched alone; the local
+    rank's, modulo the GPUs, under mpiexec), made current around every CUDA call, on whichever thread."""
 
     _lock = threading.Lock()
     _instance: _Device | None = None
 
     def __init__(self) -> None:
         cuda.init()
-        self.device = cuda.Device(0)
+        # One process per GPU (flowc launch / mpiexec): the process's rank on its machine picks the device.
+        from flowc.runtime.world import detect_world
+        self.index = detect_world().local_rank % max(cuda.Device.count(), 1)
+        self.device = cuda.Device(self.index)
         self.context = self.device.retain_primary_context()
 
     @classmethod
@@ -114,6 +118,7 @@ class DeviceVariables:
         self.buffers: dict[str, Any] = {}        # name -> pycuda DeviceAllocation
         self.host_stale: set[str] = set()     # owned by the GPU: changed there since the host copy
         self.device_stale: set[str] = set()   # owned by the host: changed there since the upload
+        self.rows: dict[str, np.ndarray] = {}     # split variables: this rank's rows (views of the whole)
         self._lock = threading.Lock()
 
     @classmethod
@@ -124,17 +129,29 @@ class DeviceVariables:
             setattr(session, DEVICE_VARIABLES_ATTR, store)
         return store
 
-    def pointer(self, name: str) -> int:
-        """The device address of variable `name`, uploading its current value the first time."""
+    def pointer(self, name: str, shape: tuple | None = None) -> int:
+        """The device address of variable `name`, uploading its current value the first time; a
+        variable split over the ranks (model parallelism: `shape`, the job's, is a slice of the
+        whole) holds this rank's rows only."""
         with self._lock:
             if name not in self.buffers:
-                value = np.ascontiguousarray(self.session.value(name))
+                whole = self.session.value(name)
+                if shape is not None and tuple(shape) != whole.shape:
+                    from flowc.runtime.distributed import shard_rows
+                    self.rows[name] = shard_rows(whole, self.session.cluster).reshape(shape)
+                value = np.ascontiguousarray(self.host(name))
                 with self.device.current():
                     buf = _alloc(value.nbytes)
                     cuda.memcpy_htod(buf, value)
                 self.buffers[name] = buf
                 self.device_stale.discard(name)
             return int(self.buffers[name])
+
+    def host(self, name: str) -> np.ndarray:
+        """Where the device copy of `name` lives on the host: the session's array, or this rank's rows
+        of it (a view) for a split variable."""
+        rows = self.rows.get(name)
+        return rows if rows is not None else self.session.value(name)
 
     def owner(self, name: str) -> str | None:
         """The device holding `name`'s latest value alone (this one, or the host); None when both agree."""
@@ -164,7 +181,7 @@ class DeviceVariables:
             cuda.Context.synchronize()            # steps still running on any stream
             for name in list(self.host_stale if names is None else names):
                 if name in self.buffers:
-                    host = self.session.value(name)       # in place: CPU steps hold its address
+                    host = self.host(name)       # in place: CPU steps hold its address
                     staging = np.empty_like(host)
                     cuda.memcpy_dtoh(staging, self.buffers[name])
                     np.copyto(host, staging)
@@ -175,7 +192,7 @@ class DeviceVariables:
             cuda.Context.synchronize()
             for name in list(self.buffers if names is None else names):
                 if name in self.buffers:
-                    cuda.memcpy_htod(self.buffers[name], np.ascontiguousarray(self.session.value(name)))
+                    cuda.memcpy_htod(self.buffers[name], np.ascontiguousarray(self.host(name)))
                     self.host_stale.discard(name)
                     self.device_stale.discard(name)
 
@@ -272,6 +289,11 @@ class CudaLoadedStep(LoadedStep):
         # The step library (one call per step) or, on the per-launch path, PyCUDA's module of the cubin.
         self.library: Any = (open_step_library(str(compiled.library))
                         if str(compiled.library).endswith(STEP_LIBRARY_SUFFIX) else None)
+        self._engine: Any = None        # the NCCL engine of a step that sums over ranks (runtime/nccl.py)
+        if generated.uses_comm and self.library is None:
+            raise StepError(f"job {self.graph.name!r} sums over the ranks with NCCL, which only the step library's "
+                            "host step calls: it runs launch by launch instead (FLOWC_CUDA_PER_LAUNCH=1, or the "
+                            "step library failed to build: see the warning), so it cannot run")
         with self.device.current():
             self.module: Any = None
             self.functions = []
@@ -320,7 +342,21 @@ class CudaLoadedStep(LoadedStep):
         if kind == "scalar":
             return int(slot.device_scalars[binding[1]])
         if kind == "variable":
-            return self.variables.pointer(binding[1])
+            return self.variables.pointer(binding[1], self.graph.variables[binding[1]].shape
+                                          if binding[1] in self.graph.variables else None)
+        if kind == "comm":          # the NCCL engine's table (made by every rank at once, at the first slot)
+            if self._engine is None:
+                cluster = self.session.cluster
+                if cluster is None:
+                    raise StepError(f"job {self.graph.name!r} was compiled for several ranks, but this process "
+                                    "is not one of a launched job's ranks (flowc launch / mpiexec)")
+                world, gpus = cluster.world, cuda.Device.count()
+                if world.local_size > gpus:
+                    raise DistributedError(f"job {self.graph.name!r}: {world.local_size} ranks run on this machine "
+                                           f"but it has {gpus} GPU(s), and NCCL needs a GPU of its own for each "
+                                           f"rank: launch at most {gpus} process(es) per machine")
+                self._engine = cluster.gpu_engine(self.generated.comm_buckets, context=self.device.current)
+            return int(self._engine.table.ctypes.data)
         raise ValueError(f"unknown buffer binding {binding!r}")
 
     def view(self, node_id: int, slot: CudaSlot) -> np.ndarray:
@@ -392,6 +428,8 @@ class CudaLoadedStep(LoadedStep):
         the host reads); a step it does not wait for marks its slot in flight."""
         rc = self.library.flowc_step(_ffi.cast("void*", self.stream.handle), slot.buffers, slot.output_table,
                                      _ffi.cast("int*", self.host_status.ctypes.data), self._launch_ms)
+        if rc in COMM_ERRORS:
+            raise DistributedError(f"job {self.graph.name!r}: {COMM_ERRORS[rc]}: {self._engine.error()}")
         if rc > 0:
             why = _ffi.string(self.library.flowc_step_error(rc)).decode(errors="replace")
             raise StepError(f"job {self.graph.name!r}: the GPU step failed: {why} (CUDA error {rc})")
@@ -475,4 +513,6 @@ class CudaLoadedStep(LoadedStep):
             self.slots, self.stream, self.copy_stream, self.copy_args = [], None, None, []
             self.module = None
             self.functions = []
+            if self._engine is not None:
+                self._engine.close()
         self.library = None     # the library stays loaded for the process (open_step_library)

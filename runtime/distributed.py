@@ -63,7 +63,7 @@ class Cluster:
         self.world = world
         self.control = MPI.COMM_WORLD.Dup()        # master <-> worker messages
         self.collective = MPI.COMM_WORLD.Dup()     # the compiled steps' all-reduces
-        self.engines: list[CommEngine] = []
+        self.engines: list[Any] = []        # CommEngine (CPU steps), NcclEngine (GPU steps)
         self.variables_sent = False
         # Variables split over the ranks (model parallelism) whose other ranks' slices changed since the
         # master last gathered them: its own copy holds only its rows up to date.
@@ -105,6 +105,15 @@ class Cluster:
     def engine(self, buckets: int) -> CommEngine:
         """A new engine for a loaded step with `buckets` buckets."""
         engine = CommEngine(self.collective, max(buckets, 1))
+        self.engines.append(engine)
+        return engine
+
+    def gpu_engine(self, buckets: int, context=None):
+        """A new NCCL engine (runtime/nccl.py) for a loaded GPU step with `buckets` buckets, made by
+        every rank at once; `context`: a context manager making the step's device current, for its
+        close."""
+        from flowc.runtime.nccl import NcclEngine
+        engine = NcclEngine(self.collective, max(buckets, 1), context=context)
         self.engines.append(engine)
         return engine
 
@@ -203,10 +212,15 @@ class Cluster:
         pending: dict[str, np.ndarray] = {}
 
         def write_values() -> None:
+            written = []
             for name in [n for n in pending if n in session.variables]:
                 value, mine = pending.pop(name), session.value(name)
                 if value.shape == mine.shape:      # else the graphs differ: the fingerprint check says where
                     np.copyto(mine, value)
+                    written.append(name)
+            if written:                            # a GPU step's device copies are now behind
+                from flowc.runtime.devices import sync_to_device
+                sync_to_device(session, written)
         while True:
             message = self.control.recv(source=0)
             kind = message[0]
@@ -228,6 +242,8 @@ class Cluster:
                 if missing:
                     self.control.send(("error", f"no variables {missing} here"), dest=0)
                     continue
+                from flowc.runtime.devices import sync_to_host
+                sync_to_host(session, message[1])     # a GPU step's updates are on the device
                 self.control.send(("ok", None), dest=0)
                 for name in message[1]:
                     self.control.Send(shard_rows(session.value(name), self), dest=0, tag=DATA_TAG)

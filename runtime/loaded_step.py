@@ -21,7 +21,7 @@ from flowc.compiler.errors import DistributedError, StepError
 
 # What the communication engine's codes mean (codegen_templates/cpu/flowc_comm.h).
 COMM_ERRORS = {
-    COMM_FAILED: "MPI reported an error in a gradient all-reduce",
+    COMM_FAILED: "the communication engine (MPI or NCCL) reported an error in a collective",
     COMM_TIMEOUT: ("a gradient all-reduce did not complete within FLOWC_COMM_TIMEOUT seconds: another rank "
                    "stopped taking part (lost, or failed before its step)"),
 }

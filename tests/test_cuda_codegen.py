@@ -109,6 +109,8 @@ def test_every_cuda_template_renders_for_the_seed_jobs(steps):
     templates -= FUSED_CUDA_TEMPLATES
     from tests.test_batch_norm_op import BATCH_NORM_CUDA_TEMPLATES     # and batch normalisation's
     templates -= BATCH_NORM_CUDA_TEMPLATES
+    from tests.test_nccl_engine import COMM_CUDA_TEMPLATES      # and the data-parallel step's, on 2 ranks
+    templates -= COMM_CUDA_TEMPLATES
     assert used == templates, f"never rendered: {sorted(templates - used)}"
     for label in ("mlp_train", "mlp_predict", "lenet_train", "lenet_predict"):
         assert steps[label].launches, label

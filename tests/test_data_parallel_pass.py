@@ -200,14 +200,6 @@ def test_a_mirrored_job_keeps_each_ranks_batch_and_averages_the_gradients():
     assert mirrored._traced.distribution.mirrored
 
 
-def test_a_gpu_step_refuses_collectives_by_name():
-    on_ranks(2)
-    from flowc.compiler.pipeline import generate
-    program = train_job_of().lower().program
-    with pytest.raises(flow.UnsupportedError, match="do not run collectives yet"):
-        generate(program, "gpu", arch="sm_90")
-
-
 def test_distribute_needs_two_ranks_at_least():
     job = train_job_of()
     with pytest.raises(ValueError, match="ranks must be >= 2"):

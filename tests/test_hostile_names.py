@@ -189,7 +189,10 @@ def test_every_template_is_rendered(benign_sources):
         program = lower(graph_of(job, Session()))
         cuda_used |= set(CudaGenerator(program.graph, program.kernels, program.memory, "t", arch="sm_90",
                                        check_numerics=True).render().templates)
-    assert cuda_used == {p.name for p in template_folder("cuda").glob("*.j2")}
+    # A data-parallel step's sums out of the NCCL engine's buckets need 2 ranks, which this module's batch
+    # normalisation refuses; its kernel takes names through the same c_identifier and comment (test_nccl_engine).
+    from tests.test_nccl_engine import COMM_CUDA_TEMPLATES
+    assert cuda_used == {p.name for p in template_folder("cuda").glob("*.j2")} - COMM_CUDA_TEMPLATES
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))

@@ -32,6 +32,7 @@ ACCESSORS = {
     "FLOWC_DEVICES_PER_MACHINE": settings.devices_per_machine,
     "FLOWC_COMM_TIMEOUT": settings.comm_timeout,
     "FLOWC_MPICC": settings.mpicc,
+    "FLOWC_NCCL": settings.nccl,
     "CXX": settings.cxx,
     "NVCC": settings.nvcc,
     "CUDA_HOME": settings.cuda_home,

@@ -29,9 +29,10 @@ import numpy as np
 
 from flowc.compiler.codegen.batch_norm import CUDA_LOWERINGS as BATCH_NORM_LOWERINGS, CudaBatchNorm
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
-                                           coalesce, describe_binding, gemm_offset, matmul_geometry,
+                                           coalesce, describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
-from flowc.compiler.codegen.cuda_host import Fetch, host_step
+from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, plan_buckets
+from flowc.compiler.codegen.cuda_host import CommCall, Fetch, host_step
 from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
 from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, CudaFusedRows
@@ -97,6 +98,13 @@ class GeneratedCudaStep:
     kernel_functions: int = 0        # the __global__ functions behind the launches (equal kernels share one)
     fetches: list[Fetch] = field(default_factory=list)   # the outputs the host step downloads, in order
     host_sync: bool = True           # the host step waits for the stream (the host reads something of the step)
+    comm_calls: list[CommCall] = field(default_factory=list)   # the engine's calls between the launches
+    comm_buckets: int = 0            # a data-parallel step's all-reduce buckets
+
+    @property
+    def uses_comm(self) -> bool:
+        """The step calls a communication engine (NCCL): it runs only as a host step, on several ranks."""
+        return bool(self.comm_calls)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -162,6 +170,8 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         self.I = "int" if largest < INT32_SAFE else "int64_t"
         self.scratch_bytes = 0
         self.templates: list[str] = []
+        self._bucket_of: dict[int, Bucket] = {}     # all_reduce node -> its bucket (render)
+        self._comm_calls: list[CommCall] = []       # the engine's calls so far (render)
 
     @classmethod
     def from_program(cls, program, options: GenerateOptions) -> CudaGenerator:
@@ -190,14 +200,21 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         table = KernelTable()           # equal kernels are one __global__ function (dedup.py)
         launches: list[Launch] = []
         profiled: list[str] = []        # each launch by its own kernel's name, for the profile
-        for k in self.kernels:
+        plan = plan_buckets(self.graph, self.kernels)
+        self._bucket_of = {m: b for b in plan for m in b.members}
+        self._comm_calls = [self._start(b, 0) for b in plan if b.start_after < 0]
+        for index, k in enumerate(self.kernels):
             writes = {n for n in k.nodes() if self.stored(n, k)}
             params = Params(self, writes)
+            self._comm_calls += [CommCall(len(launches), "wait", b.index) for b in plan if b.wait_at == index]
             text, kernel_launches = getattr(self, self.KIND_METHODS[k.kind])(k, params)
+            self._comm_calls = [replace(c, at=len(launches)) if c.at < 0 else c for c in self._comm_calls]
             checks = [self._numerics_check(k, n) for n in self.numerics_checked(k)]
             for launch in kernel_launches:
                 profiled.append(launch.kernel)
             for text_, launch in [(text, None)] + checks:
+                if text_ is None:       # an exchange: a call of the engine, no kernel of its own
+                    continue
                 own = c_identifier(k.name) if launch is None else c_identifier(launch.kernel)
                 fn, _ = table.add(text_, own)
                 if launch is None:      # the kernel's launches (a companion `<name>_sum` too) call `fn`
@@ -205,19 +222,26 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
                 else:
                     profiled.append(launch.kernel)
                     launches.append(_calling(launch, own, fn))
+            self._comm_calls += [self._start(b, len(launches)) for b in plan if b.start_after == index]
+        comm_calls = self._comm_calls
         sources = table.sources
         copies = [DeviceCopy(("variable", var), self.binding(node), self.graph.node(node).type.nbytes)
                   for node, var in self.memory.copy_back]
         fetches = [Fetch(i, self.binding(o), self.graph.node(o).type.nbytes) for i, o in enumerate(self.graph.outputs)]
         bindings: list[tuple] = [("arena",)]
         for b in ([a for launch in launches for a in launch.args] + [c.dst for c in copies] + [c.src for c in copies]
-                  + [f.src for f in fetches]):
-            if b[0] not in ("arena", "scratch", "status") and b not in bindings:
+                  + [f.src for f in fetches] + [a for call in comm_calls for a in call.args]):
+            if b[0] not in ("arena", "scratch", "status", "bucket") and b not in bindings:
                 bindings.append(b)
+        if comm_calls:
+            bindings.append(("comm",))
         reads = [what for what, present in (("the outputs", any(f.nbytes for f in fetches)),
                                             ("the status of the kernels that check their data", self.error_nodes),
-                                            ("the status of check_numerics", self.numerics_nodes)) if present]
-        host = host_step(launches, copies, fetches, bindings, sync=bool(reads), reads=", ".join(reads))
+                                            ("the status of check_numerics", self.numerics_nodes),
+                                            # a wait on the peers is where a lost rank is noticed
+                                            ("the collectives' completion", comm_calls)) if present]
+        host = host_step(launches, copies, fetches, bindings, sync=bool(reads), reads=", ".join(reads),
+                         comm_calls=comm_calls)
         source = _env.get_template("step.cu.j2").render(
             version=self.version, job=self.graph.name, kernels=sources, notes=self.notes,
             launches=launches, copies=copies, bindings=[describe_binding(b) for b in bindings],
@@ -225,7 +249,13 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         return GeneratedCudaStep(source, launches, copies, bindings, dict(self.error_nodes), list(self.label_checks),
                                  profiled if self.profile else [],
                                  self.scratch_bytes, list(self.templates), self.tensor_cores,
-                                 dict(self.numerics_nodes), len(sources), fetches, bool(reads))
+                                 dict(self.numerics_nodes), len(sources), fetches, bool(reads),
+                                 comm_calls, len(plan))
+
+    def _start(self, b: Bucket, at: int) -> CommCall:
+        """Start bucket `b` before launch `at`: its gradients are the all_reduce nodes' inputs."""
+        return CommCall(at, "start", b.index, tuple(self.binding(self.graph.node(m).inputs[0]) for m in b.members),
+                        b.sizes)
 
     def _numerics_check(self, k: Kernel, node_id: int) -> tuple[str, Launch]:
         """check_numerics after kernel `k`: a kernel scanning the value of `node_id` it stored."""
@@ -328,11 +358,25 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
 
     # -- row kernels -------------------------------------------------------------------------------
     def _collective(self, k: Kernel, params: Params):
-        # NCCL between GPUs is the engine for these (issue 17); until it is wired, say so plainly.
+        """An exchange is one engine call (no kernel); an all_reduce's sum is copied out of its
+        bucket by a kernel, after the bucket's wait (render)."""
         node = self.graph.node(k.anchor_id)
-        raise UnsupportedError(f"{node.loc}: job {self.graph.name!r} sums its gradients over ranks, and flowc's "
-                               "GPU steps do not run collectives yet (NCCL): run the data-parallel job on the "
-                               "CPU (flow.scope.placement('cpu', ...)) or in one process")
+        if node.op in EXCHANGES:
+            kind, number, block = EXCHANGES[node.op]
+            x = self.graph.node(node.inputs[0])
+            count = block(x.type.size, node.type.size, node.attr("ranks"))
+            self._comm_calls.append(CommCall(-1, "exchange", args=(self.binding(x.id), self.binding(node.id)),
+                                             sizes=(number, count)))
+            return None, []
+        if node.type.dtype != "float32":
+            raise UnsupportedError(f"{node.loc}: job {self.graph.name!r} sums a {node.type.dtype} value over the "
+                                   "ranks; the GPU engine sums float32 only")
+        b = self._bucket_of[node.id]
+        scale = float(node.attr("scale"))
+        text = self._template("comm_unpack.cu.j2", name=c_identifier(k.name), comment=self.comment(k),
+                              size=node.type.size, scale=None if scale == 1.0 else literal(scale), block=BLOCK)
+        return text, [Launch(k.name, _grid_1d(node.type.size), (BLOCK, 1, 1), 0,
+                             (("bucket", b.index, 4 * b.offset(node.id)), self.binding(node.id)))]
 
     def _row(self, k: Kernel, params: Params):
         return getattr(self, self.lowering(self.graph.node(k.anchor_id).op).method)(k, params)

@@ -11,6 +11,12 @@ The call passes one table of device addresses per register slot (`buffers`): the
 scratch buffer and the status int first, then every other binding of the step in the order of
 `GeneratedCudaStep.bindings` (its first entry is the arena); a launch argument is an entry of
 that table plus its byte offset.
+
+A data-parallel or model-parallel job also calls its communication engine between launches
+(`CommCall`: codegen_templates/cuda/flowc_cuda_comm.h, NCCL behind it): the table's ("comm",)
+entry is the engine's function table, a ("bucket", b, offset) argument is where bucket b holds a
+sum, and the step ends with the engine's `settle` (a wait that watches the peers) instead of a
+plain synchronize.
 """
 from __future__ import annotations
 
@@ -22,6 +28,21 @@ from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_f
 
 # The table's fixed head: what every step has, whatever its bindings.
 FIXED = {"arena": 0, "scratch": 1, "status": 2}
+# Arguments that are not entries of the table: resolved by the engine at run time.
+ENGINE_KINDS = ("bucket",)
+
+
+@dataclass(frozen=True)
+class CommCall:
+    """A call of the communication engine, queued before launch `at` of the step (len(launches):
+    after the last one).  `op` "start": sum bucket `bucket`, whose gradients are `args` (their
+    bindings) of `sizes` floats; "wait": the stream waits for bucket `bucket`'s sums; "exchange":
+    `args` = (in, out), `sizes` = (kind, count) (flowc_cuda_comm.h's FLOWC_COMM_ALL_GATHER ...)."""
+    at: int
+    op: str
+    bucket: int = -1
+    args: tuple[tuple, ...] = ()
+    sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,9 @@ def host_buffers(bindings: list[tuple]) -> list[tuple]:
 def address(binding: tuple, table: list[tuple]) -> CodeText:
     """The C++ expression of `binding`'s device address in the host step."""
     kind = binding[0]
+    if kind == "bucket":           # a sum where the engine holds it: ("bucket", b, byte offset)
+        sums, offset = f"reinterpret_cast<char*>(comm->data(comm->ctx, {int(binding[1])}))", int(binding[2])
+        return code(f"{sums} + {offset}" if offset else sums)
     if kind in FIXED:
         offset = int(binding[1]) if len(binding) > 1 else 0
         base = f"buffers[{FIXED[kind]}]"
@@ -48,14 +72,35 @@ def address(binding: tuple, table: list[tuple]) -> CodeText:
     return code(f"buffers[{table.index(binding)}]")
 
 
+def comm_text(call: CommCall, table: list[tuple]) -> CodeText:
+    """The C++ statement of one engine call (`err` and the stream `s` are the host step's)."""
+    if call.op == "start":
+        grads = ", ".join(f"reinterpret_cast<const float*>({address(b, table)})" for b in call.args)
+        sizes = ", ".join(str(int(n)) for n in call.sizes)
+        start = f"comm->start(comm->ctx, {int(call.bucket)}, {len(call.args)}, g, n, s)"
+        return code(f"{{ const float* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
+                    f" if ((err = {start})) return err; }}")
+    if call.op == "wait":
+        return code(f"if ((err = comm->wait(comm->ctx, {int(call.bucket)}, s))) return err;")
+    assert call.op == "exchange", call
+    (src, dst), (kind, count) = call.args, call.sizes
+    src_text = f"reinterpret_cast<const float*>({address(src, table)})"
+    dst_text = f"reinterpret_cast<float*>({address(dst, table)})"
+    exchange = f"comm->exchange(comm->ctx, {int(kind)}, {src_text}, {dst_text}, {int(count)}, s)"
+    return code(f"if ((err = {exchange})) return err;")
+
+
 def host_step(launches: list, copies: list, fetches: list[Fetch], bindings: list[tuple], sync: bool,
-              reads: str = "") -> dict:
+              reads: str = "", comm_calls: list[CommCall] | None = None) -> dict:
     """The template context of the host step (see the module docstring); `sync`: wait for the
-    stream before returning (the host reads something of the step: `reads` says what)."""
+    stream before returning (the host reads something of the step: `reads` says what);
+    `comm_calls`: the engine's calls, each before its launch."""
     table = host_buffers(bindings)
+    calls = comm_calls or []
     rows = []
-    for la in launches:
-        rows.append({"kernel": c_identifier(la.kernel), "comment": code_format("{}", la.kernel),
+    for index, la in enumerate(launches):
+        rows.append({"calls": [comm_text(c, table) for c in calls if c.at == index],
+                     "kernel": c_identifier(la.kernel), "comment": code_format("{}", la.kernel),
                      "args": code(", ".join(address(b, table) for b in la.args)), "count": len(la.args),
                      "grid": code(", ".join(str(int(g)) for g in la.grid)),
                      "block": code(", ".join(str(int(b)) for b in la.block)),
@@ -65,7 +110,9 @@ def host_step(launches: list, copies: list, fetches: list[Fetch], bindings: list
                        for c in copies],
             "fetches": [{"output": f.output, "src": address(f.src, table), "nbytes": f.nbytes}
                         for f in fetches if f.nbytes],
-            "sync": sync, "reads": code_format("{}", reads)}
+            "sync": sync, "reads": code_format("{}", reads),
+            "comm": code(f"buffers[{table.index(('comm',))}]") if ("comm",) in table else None,
+            "calls_after": [comm_text(c, table) for c in calls if c.at >= len(launches)]}
 
 
 def step_mode() -> str:
