@@ -180,6 +180,16 @@ def sanitizer(tool: str) -> Callable[[Context], tuple[str, str]]:
     return run
 
 
+def nccl_one_rank(ctx: Context) -> tuple[str, str]:
+    """The NCCL engine on this GPU, one rank (NCCL refuses two ranks on one GPU): SKIP without NCCL."""
+    import ctypes.util
+    from flowc.runtime.nccl import SYSTEM_LIBRARY, find_nccl
+    if find_nccl() == SYSTEM_LIBRARY and ctypes.util.find_library("nccl") is None:
+        return "SKIP", "no NCCL here (pip install 'flowc[nccl]', or FLOWC_NCCL=/path/to/libnccl.so.2)"
+    proc = _run([sys.executable, "tests/distributed/nccl_gpu_one_rank.py"], ctx)
+    return ("PASS" if proc.returncode == 0 and proc.stdout.strip().endswith("ok") else "FAIL"), _tail(proc, 2)
+
+
 def run_book_tests(selection: str) -> Callable[[Context], tuple[str, str]]:
     return lambda ctx: _pytest(ctx, "tests/test_gpu_run_book.py", "-k", selection)
 
@@ -218,6 +228,8 @@ CHECKS: list[Check] = [
     Check("device-tests", True, "pytest tests/test_cuda_device.py (+ host step) -m gpu, 0 skipped", device_tests),
     *[Check(f"sanitizer-{t}", True, f"compute-sanitizer --tool {t} over the op tests, an MLP and a LeNet step",
             sanitizer(t)) for t in SANITIZER_TOOLS],
+    Check("nccl-one-rank", True, "the NCCL engine's bucket, exchanges and settle on this GPU, one rank",
+          nccl_one_rank),
     Check("lenet-vs-reference", True, "LeNet one step at batch 100: float64 1e-10, float32 1e-4",
           run_book_tests("lenet_one_step")),
     Check("bitwise-repeat", True, "bitwise-equal losses over two runs", run_book_tests("bitwise")),

@@ -14,6 +14,7 @@ Where nvcc is installed the engine builds with it (host code only, no NCCL heade
 """
 from __future__ import annotations
 
+import ctypes.util
 import os
 import shutil
 import subprocess
@@ -381,3 +382,19 @@ def test_a_parallel_step_library_builds_with_nvcc(tmp_path):
     _, step = _step_on_ranks("momentum")
     built = build_step_library(step.source, "hybrid_on_2_ranks", "sm_90", cache=KernelCache(tmp_path))
     assert built.path.name == "step.so" and built.compiled
+
+
+@pytest.mark.gpu
+def test_the_engine_runs_on_a_real_gpu_with_one_rank():
+    from flowc.runtime.devices import gpu_status
+    from flowc.runtime.nccl import find_nccl
+    usable, why = gpu_status()
+    if not usable:
+        pytest.skip(f"no usable GPU: {why}")
+    if find_nccl() == "libnccl.so.2" and ctypes.util.find_library("nccl") is None:
+        pytest.skip("NCCL is not installed (pip install 'flowc[nccl]', or FLOWC_NCCL)")
+    pytest.importorskip("mpi4py")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "distributed" / "nccl_gpu_one_rank.py")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
