@@ -134,6 +134,11 @@ class DeviceVariables:
         variable split over the ranks (model parallelism: `shape`, the job's, is a slice of the
         whole) holds this rank's rows only."""
         with self._lock:
+            if name in self.buffers and shape is not None and tuple(shape) != self.host(name).shape:
+                held = "this rank's rows" if name in self.rows else "the whole variable"
+                raise StepError(f"variable {name!r}: one GPU job of this session splits it over the ranks and "
+                                f"another reads it whole, and its device copy holds {held} only: GPU jobs do not "
+                                "move between the two yet (declare it with the same distribute= in every job)")
             if name not in self.buffers:
                 whole = self.session.value(name)
                 if shape is not None and tuple(shape) != whole.shape:

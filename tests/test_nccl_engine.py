@@ -361,6 +361,11 @@ def _train_through_the_twin(graph, logical, values, session, cluster) -> None:
     sync_to_host(session)
     for name in graph.assigns:
         np.testing.assert_allclose(session.value(name), values[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # a job that would read a variable at another shape (split in one job, whole in another) is refused
+    from flowc.compiler.errors import StepError
+    name = sorted(graph.assigns)[0]
+    with pytest.raises(StepError, match=f"variable {name!r}: one GPU job of this session splits it"):
+        step.variables.pointer(name, (1,))
     engine.fail_with = 900002
     with pytest.raises(DistributedError, match=r"did not complete within FLOWC_COMM_TIMEOUT seconds.*"
                                                r"peer 1 stopped answering \(twin\)"):

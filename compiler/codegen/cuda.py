@@ -362,7 +362,7 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         bucket by a kernel, after the bucket's wait (render)."""
         node = self.graph.node(k.anchor_id)
         if node.op in EXCHANGES:
-            kind, number, block = EXCHANGES[node.op]
+            _, number, block = EXCHANGES[node.op]
             x = self.graph.node(node.inputs[0])
             count = block(x.type.size, node.type.size, node.attr("ranks"))
             self._comm_calls.append(CommCall(-1, "exchange", args=(self.binding(x.id), self.binding(node.id)),
