@@ -41,7 +41,7 @@ ID_BYTES = 128               # ncclUniqueId
 WHEEL_LIBRARY = Path("nccl") / "lib" / "libnccl.so.2"      # inside the `nvidia` namespace package
 SYSTEM_LIBRARY = "libnccl.so.2"
 INSTALL_HINT = "pip install 'flowc[nccl]' (the nvidia-nccl-cu12 wheel), or point FLOWC_NCCL at a libnccl.so.2"
-_engines: dict[str, object] = {}
+_libraries: dict[str, object] = {}      # engine libraries, opened once per process
 
 
 def find_nccl() -> str:
@@ -67,9 +67,9 @@ def _hint(why: str) -> str:
 
 def _open_library(path: Path):
     key = str(path)
-    if key not in _engines:
-        _engines[key] = _ffi.dlopen(key)
-    return _engines[key]
+    if key not in _libraries:
+        _libraries[key] = _ffi.dlopen(key)
+    return _libraries[key]
 
 
 class NcclEngine:

@@ -53,8 +53,7 @@ def _step_on_ranks(optimizer: str = "adam", ranks: int = 2):
 def test_a_parallel_gpu_step_calls_the_engine_between_its_launches():
     program, step = _step_on_ranks()
     plan = plan_buckets(program.graph, program.kernels)
-    assert step.uses_comm and step.comm_buckets == len(plan)
-    assert step.uses_comm and step.comm_buckets >= 1
+    assert step.uses_comm and step.comm_buckets == len(plan) >= 1
     assert step.bindings[-1] == ("comm",) and "comm_unpack.cu.j2" in step.templates
     ops = {c.op for c in step.comm_calls}
     assert ops == {"start", "wait", "exchange"}

@@ -56,7 +56,9 @@ sharded = set(distribution.sharded)
 program = lower(local)
 step = render(program)
 assert step.uses_comm and step.comm_buckets >= 1, "the data-parallel step calls no engine"
-emulator = Emulator(Path(tempfile.mkdtemp(prefix=f"nccl-emulated-{rank}-")))
+# private (0700) and removed at exit; each rank builds its own copy of the step
+build_folder = tempfile.TemporaryDirectory(prefix=f"nccl-emulated-{rank}-")
+emulator = Emulator(Path(build_folder.name))
 ffi, lib = emulator.build("#define FLOWC_HOST_STEP 1\n" + step.source, [la.kernel for la in step.launches],
                           extra_cdef=STEP_CDEF)
 engine = NcclEngine(comm, step.comm_buckets, engine_library=engine_library(), nccl_library=str(fake_nccl()))
@@ -105,9 +107,8 @@ for s in range(STEPS):
         sys.exit(3)
     logs.append(host_log())
     losses.append(np.concatenate(comm.allgather(outputs[0].copy())))
-    values_step = run_reference(logical, inputs, values, {n: (0.1 if n.startswith("learning_rate") else 3)
-                                                           for n in logical.scalars})
-    want, updates = values_step
+    want, updates = run_reference(logical, inputs, values, {n: (0.1 if n.startswith("learning_rate") else 3)
+                                                            for n in logical.scalars})
     np.testing.assert_allclose(losses[-1], want[0], rtol=1e-5, atol=1e-6, err_msg=f"loss, step {s}")
     values.update(updates)
 
