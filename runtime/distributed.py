@@ -38,6 +38,7 @@ from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.ops.random_shards import RANK_SCALAR
+from flowc.runtime.arrival_watch import alive, check_arrivals
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
 from flowc.runtime.signature import PerRank
@@ -88,7 +89,7 @@ class Cluster:
         local = [(rank, pid) for rank, (h, pid) in enumerate(self.peers) if h == host and rank != self.world.rank]
         while local and not self._closed:
             time.sleep(WATCH_SECONDS)
-            lost = [(rank, pid) for rank, pid in local if not _alive(pid)]
+            lost = [(rank, pid) for rank, pid in local if not alive(pid)]
             if lost and not self._closed:
                 names = ", ".join(f"rank {rank} (pid {pid} on {host})" for rank, pid in lost)
                 role = "the master" if any(rank == 0 for rank, _ in lost) else "a worker"
@@ -515,34 +516,23 @@ def join(session: Session, job_module: str | None = None) -> Cluster | None:
     world = detect_world()
     relaunch_alone(world, job_module)
     check_configuration(world, environment.config_values, environment.env_values)    # a mismatch: every call
+    if world.is_distributed:
+        # MPI's start waits for every rank: one that already ended is an error now, one that ends while
+        # this rank waits ends it (runtime/arrival_watch.py), instead of a wait without end
+        arrivals = check_arrivals(world)
     session.joined = True
     if not world.is_distributed:
         return None
-    cluster = Cluster(world)
+    try:
+        cluster = Cluster(world)
+    finally:
+        arrivals.stop()
     session.cluster = cluster
     session.ranks = world.size
     _configure_buckets(session)
     if world.is_master:
         atexit.register(cluster.shutdown)
     return cluster
-
-
-def _alive(pid: int) -> bool:
-    """Is process `pid` running (not gone, not a zombie waiting to be reaped)?"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except (OSError, IndexError):       # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def _wait_all(requests: list) -> None:

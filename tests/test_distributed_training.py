@@ -240,6 +240,21 @@ def test_a_killed_rank_stops_the_job_within_a_bounded_time(lost, tmp_path):
     assert named or lost == 0
 
 
+@pytest.mark.parametrize("how", ["1:raise", "1:exit", "0:exit"])
+def test_a_rank_that_ends_before_its_first_job_call_stops_the_others(how, tmp_path):
+    # MPI's start waits for every rank: without runtime/arrival_watch.py the survivor waited there for
+    # ever, Hydra's auto-cleanup or not ("raise": at once, usually before the survivor's first call;
+    # "exit": a normal end 2 s later, while the survivor waits inside MPI's start)
+    lost = int(how.split(":")[0])
+    start = time.monotonic()
+    proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--end-before-call", how, cleanup=False),
+                          capture_output=True, text=True, timeout=120, env=environment())
+    assert proc.returncode != 0 and time.monotonic() - start < 60
+    assert f"rank {lost} " in proc.stderr and "ended before its first job call" in proc.stderr
+    assert f"rank {1 - lost} stops too" in proc.stderr or f"rank {1 - lost} cannot start the job" in proc.stderr
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_nan_inf_and_negative_zero_cross_every_exchange_as_in_one_process(tmp_path):
     """all_gather, reduce_scatter, all_to_all and all_reduce on 2 ranks (tests/distributed/special_values.py):
     the same bits as one process, NaN, ±Inf and -0.0 included."""

@@ -15,6 +15,8 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --bucket-mb N             flow.config.collective_boxing.nccl_fusion_threshold_mb(N) (0: one gradient per bucket)
     --whole-eval              (hybrid) the predict job declares the split layer without model_distribute:
                               it reads the variables whole, which the train job holds in slices
+    --end-before-call R:HOW   rank R never reaches the first job call: HOW is "raise" (an error at once) or
+                              "exit" (a normal end, 2 s later, while the other ranks wait for it)
 """
 import os
 import sys
@@ -127,6 +129,13 @@ if option("--load"):
     flow.load_variables(flow.checkpoint.get(option("--load")))
 if "--announce" in OPTIONS:
     print(f"pid {RANK} {os.getpid()}", flush=True)
+if option("--end-before-call"):
+    rank, how = option("--end-before-call").split(":")
+    if int(rank) == RANK and how == "raise":
+        raise FileNotFoundError(f"rank {RANK} cannot find its data")
+    if int(rank) == RANK:
+        time.sleep(2)
+        sys.exit(0)
 losses = []
 for step in range(STEPS):
     x, y = batch(rng)
