@@ -78,22 +78,24 @@ def _children(parent: int) -> list[int]:
     return found
 
 
-def _environment(pid: int) -> dict[str, str]:
-    """The environment process `pid` started with ({} where it cannot be read)."""
+def _start_variables(pid: int) -> dict[str, str]:
+    """The environment variables process `pid` started with ({} where they cannot be read)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as environ:
-            items = environ.read().split(b"\0")
+        with open(f"/proc/{pid}/environ", "rb") as listing:
+            items = listing.read().split(b"\0")
     except OSError:
         return {}
     pairs = (item.decode("utf-8", "replace").partition("=") for item in items if b"=" in item)
     return {name: value for name, _, value in pairs}
 
 
-def local_peers(world: World, environ: Mapping[str, str] | None = None) -> tuple[dict[int, int | None], int] | None:
+def local_peers(world: World, variables: Mapping[str, str] | None = None) -> tuple[dict[int, int | None], int] | None:
     """The other live ranks its launcher started on this host, {pid: rank (None: unreadable)}, and how
-    many ranks it started here; None where that cannot be told (see the module's docstring)."""
+    many ranks it started here; None where that cannot be told (see the module's docstring).
+    `variables`: this process's launcher variables (default: read through flowc.compiler.settings)."""
+    from flowc.compiler import settings
     from flowc.runtime.world import detect_world, WorldError
-    environ = os.environ if environ is None else environ
+    variables = settings.mpi_launcher_variables() if variables is None else variables
     parent = os.getppid()
     try:
         with open(f"/proc/{parent}/comm") as comm:
@@ -101,14 +103,14 @@ def local_peers(world: World, environ: Mapping[str, str] | None = None) -> tuple
     except OSError:
         return None
     count_variable = LAUNCHER_PROXIES.get(proxy)
-    if count_variable is None or count_variable not in environ:
+    if count_variable is None or count_variable not in variables:
         return None
     peers: dict[int, int | None] = {}
     for pid in _children(parent):
         if pid == os.getpid():
             continue
         try:
-            peers[pid] = detect_world(_environment(pid)).rank
+            peers[pid] = detect_world(_start_variables(pid)).rank
         except WorldError:
             peers[pid] = None
     return peers, world.local_size
