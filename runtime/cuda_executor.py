@@ -95,6 +95,10 @@ class _Device:
                 cls._instance = cls()
             return cls._instance
 
+    def bus_id(self) -> str:
+        """The GPU's PCI bus id: which physical GPU this is, whatever CUDA_VISIBLE_DEVICES numbers it."""
+        return str(self.device.pci_bus_id())
+
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
         self.context.push()
@@ -355,12 +359,9 @@ class CudaLoadedStep(LoadedStep):
                 if cluster is None:
                     raise StepError(f"job {self.graph.name!r} was compiled for several ranks, but this process "
                                     "is not one of a launched job's ranks (flowc launch / mpiexec)")
-                world, gpus = cluster.world, cuda.Device.count()
-                if world.local_size > gpus:
-                    raise DistributedError(f"job {self.graph.name!r}: {world.local_size} ranks run on this machine "
-                                           f"but it has {gpus} GPU(s), and NCCL needs a GPU of its own for each "
-                                           f"rank: launch at most {gpus} process(es) per machine")
-                self._engine = cluster.gpu_engine(self.generated.comm_buckets, context=self.device.current)
+                # NCCL needs a GPU of its own for each rank: the engine compares the ranks' (host, bus id)
+                self._engine = cluster.gpu_engine(self.generated.comm_buckets, context=self.device.current,
+                                                  device=self.device.bus_id())
             return int(self._engine.table.ctypes.data)
         raise ValueError(f"unknown buffer binding {binding!r}")
 

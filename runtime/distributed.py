@@ -109,12 +109,12 @@ class Cluster:
         self.engines.append(engine)
         return engine
 
-    def gpu_engine(self, buckets: int, context=None):
+    def gpu_engine(self, buckets: int, context=None, device: str | None = None):
         """A new NCCL engine (runtime/nccl.py) for a loaded GPU step with `buckets` buckets, made by
         every rank at once; `context`: a context manager making the step's device current, for its
-        close."""
+        close; `device`: which GPU this rank uses (its PCI bus id: two ranks on one GPU are refused)."""
         from flowc.runtime.nccl import NcclEngine
-        engine = NcclEngine(self.collective, max(buckets, 1), context=context)
+        engine = NcclEngine(self.collective, max(buckets, 1), context=context, device=device)
         self.engines.append(engine)
         return engine
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import socket
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -72,6 +73,24 @@ def _open_library(path: Path):
     return _libraries[key]
 
 
+def check_one_gpu_per_rank(devices: list[tuple[str, str]]) -> None:
+    """Refuse ranks that share a GPU (`devices`: every rank's (host, PCI bus id)), on every rank
+    alike: NCCL refuses them too, but only once inside its start, where a rank's failure can leave
+    the others waiting.  Ranks that see one GPU each (CUDA_VISIBLE_DEVICES, srun --gpus-per-task)
+    number it 0 but have different bus ids."""
+    users: dict[tuple[str, str], list[int]] = {}
+    for rank, key in enumerate(devices):
+        users.setdefault(tuple(key), []).append(rank)      # type: ignore[arg-type]
+    shared = [(key, ranks) for key, ranks in users.items() if len(ranks) > 1]
+    if shared:
+        (host, bus), ranks = shared[0]
+        per_host = sum(1 for h, _ in devices if h == host)
+        gpus = len({b for h, b in devices if h == host})
+        raise DistributedError(f"ranks {', '.join(map(str, ranks))} would all use the GPU at {bus} on {host}, and NCCL "
+                               f"needs a GPU of its own for each rank: {per_host} ranks run there on {gpus} GPU(s); "
+                               "launch at most one process per GPU, or give each its own (CUDA_VISIBLE_DEVICES)")
+
+
 class NcclEngine:
     """The engine of one loaded step: `buckets` buckets on a communicator over `comm`'s ranks (an
     mpi4py communicator, used for the bootstrap only).  Every rank makes its engine together.
@@ -80,9 +99,11 @@ class NcclEngine:
     the engine on the CUDA emulator against a fake NCCL over MPI)."""
 
     def __init__(self, comm, buckets: int, engine_library: Path | None = None, nccl_library: str | None = None,
-                 context: Callable[[], ContextManager[Any]] | None = None) -> None:
+                 context: Callable[[], ContextManager[Any]] | None = None, device: str | None = None) -> None:
         self._ctx = None
         self._context = context        # makes the engine's device current around its close
+        if device is not None:
+            check_one_gpu_per_rank(comm.allgather((socket.gethostname(), device)))
         if engine_library is None:
             from flowc.compiler.nccl_library import ensure_nccl_engine
             engine_library = ensure_nccl_engine()

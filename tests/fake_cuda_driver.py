@@ -166,6 +166,9 @@ class FakeDriver(types.ModuleType):
             def name(self) -> str:
                 return "Fake H200"
 
+            def pci_bus_id(self) -> str:
+                return f"0000:{self.index:02x}:00.0"
+
             def retain_primary_context(self):
                 return Context()
 

@@ -453,6 +453,9 @@ class FakeDriver:
             def name(self) -> str:
                 return "emulated"
 
+            def pci_bus_id(self) -> str:
+                return f"0000:{self.index:02x}:00.0"
+
             def retain_primary_context(self):
                 return Context()
 

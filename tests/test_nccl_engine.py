@@ -127,6 +127,8 @@ def test_an_nccl_failure_stops_the_step_with_the_reason(env, code, reason):
     assert proc.returncode != 0
     for rank in (0, 1):
         assert f"rank {rank}: step 0 returned {code}: {reason}" in proc.stdout, proc.stdout + proc.stderr
+        # aborted, never destroyed: ncclCommDestroy waits for collectives that may never complete
+        assert f"rank {rank}: the communicator's end: ['nccl CommAbort 0']" in proc.stdout, proc.stdout
 
 
 @needs_gxx
@@ -287,16 +289,17 @@ class TwinEngine:
 
 
 class TwinCluster:
-    """Two ranks, one per machine (`local_size`: the ranks on this rank's machine)."""
+    """Two ranks, one per machine."""
     ranks = 2
 
-    def __init__(self, local_size: int = 1) -> None:
+    def __init__(self) -> None:
         from flowc.runtime.world import World
-        self.world = World(rank=0, size=2, local_rank=0, local_size=local_size)
+        self.world = World(rank=0, size=2, local_rank=0, local_size=1)
         self.engines: list[TwinEngine] = []
 
-    def gpu_engine(self, buckets: int, context=None) -> TwinEngine:
+    def gpu_engine(self, buckets: int, context=None, device: str | None = None) -> TwinEngine:
         assert buckets >= 1 and context is not None
+        assert device == "0000:00:00.0"        # the fake driver's GPU 0: which GPU, for NCCL's one per rank
         self.engines.append(TwinEngine())
         return self.engines[-1]
 
@@ -371,10 +374,34 @@ def _train_through_the_twin(graph, logical, values, session, cluster) -> None:
         step.run([x, y], lr)
     step.release()
     assert engine.closed
-    # two ranks on a machine with one GPU: NCCL would refuse them both on it
-    session.cluster = TwinCluster(local_size=2)
-    with pytest.raises(DistributedError, match="2 ranks run on this machine but it has 1 GPU"):
-        load_step(compiled, session)
+
+
+class GatheringComm:
+    """The bootstrap's communicator, as far as the one-GPU-per-rank check reaches: every rank's
+    (host, bus id) is `devices`."""
+
+    def __init__(self, devices: list[tuple[str, str]]) -> None:
+        self.devices = devices
+
+    def allgather(self, mine):
+        assert mine[1] == self.devices[0][1]          # this rank's (host, bus id)
+        return self.devices
+
+    def Get_rank(self) -> int:
+        raise AssertionError("the engine must not start when two ranks share a GPU")
+
+
+def test_ranks_sharing_a_gpu_are_refused_on_every_rank_before_nccl_starts():
+    from flowc.compiler.errors import DistributedError
+    from flowc.runtime.nccl import NcclEngine, check_one_gpu_per_rank
+    # one GPU each, whatever CUDA_VISIBLE_DEVICES numbers them (srun --gpus-per-task=1: each rank's is 0)
+    check_one_gpu_per_rank([("a", "0000:17:00.0"), ("a", "0000:65:00.0"), ("b", "0000:17:00.0")])
+    shared = [("a", "0000:17:00.0"), ("a", "0000:65:00.0"), ("a", "0000:17:00.0")]
+    with pytest.raises(DistributedError, match=r"ranks 0, 2 would all use the GPU at 0000:17:00.0 on a, .*"
+                                               r"3 ranks run there on 2 GPU\(s\)"):
+        check_one_gpu_per_rank(shared)
+    with pytest.raises(DistributedError, match="ranks 0, 2 would all use the GPU"):
+        NcclEngine(GatheringComm(shared), 1, engine_library=Path("/nonexistent"), device=shared[0][1])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")

@@ -112,11 +112,15 @@ struct Engine {
   std::vector<Bucket> buckets;
   double timeout_seconds = 0.0;      // 0: settle waits without a limit
   double waited_seconds = 0.0;
+  // A call failed: the ranks' collectives may no longer match, so the communicator is aborted at
+  // close instead of destroyed (ncclCommDestroy, and a wait for the stream, could then wait for ever).
+  bool broken = false;
   char error[512] = {0};
 };
 
 int failed(Engine* e, const char* what, const char* detail = nullptr) {
   say(e->error, (int)sizeof e->error, what, detail);
+  e->broken = true;
   return FLOWC_COMM_ERROR_FAILED;
 }
 
@@ -226,22 +230,30 @@ void abort_comm(Engine* e) {
   e->comm = nullptr;
 }
 
+// NCCL's asynchronous error on the communicator (aborting it), or 0.
+int async_error(Engine* e) {
+  if (e->comm == nullptr) return 0;
+  ncclResult_t async = kNcclSuccess;
+  ncclResult_t r = e->nccl.CommGetAsyncError(e->comm, &async);
+  if (r != kNcclSuccess) async = r;
+  if (async == kNcclSuccess || async == kNcclInProgress) return 0;
+  abort_comm(e);
+  return nccl_failed(e, "NCCL reported an error in the step's collectives", async);
+}
+
 int comm_settle(void* ctx, void* stream_) {
   Engine* e = static_cast<Engine*>(ctx);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   const double start = now_seconds();
   for (int spins = 0;; ++spins) {
     cudaError_t q = cudaStreamQuery(stream);
+    // NCCL may record an error while its kernels still complete: asked once more after the stream is done
+    int async_failure = async_error(e);
+    if (async_failure) return async_failure;
     if (q == cudaSuccess) break;
-    if (q != cudaErrorNotReady) return (int)q;        // a CUDA error: the host step names it
-    if (e->comm) {
-      ncclResult_t async = kNcclSuccess;
-      ncclResult_t r = e->nccl.CommGetAsyncError(e->comm, &async);
-      if (r != kNcclSuccess) async = r;
-      if (async != kNcclSuccess && async != kNcclInProgress) {
-        abort_comm(e);
-        return nccl_failed(e, "NCCL reported an error in the step's collectives", async);
-      }
+    if (q != cudaErrorNotReady) {                     // a CUDA error: the host step names it
+      e->broken = true;
+      return (int)q;
     }
     if (e->timeout_seconds > 0 && now_seconds() - start > e->timeout_seconds) {
       abort_comm(e);
@@ -263,6 +275,7 @@ int comm_settle(void* ctx, void* stream_) {
 }
 
 void destroy(Engine* e) {
+  if (e->broken) abort_comm(e);     // its kernels return: the wait for the stream below ends
   if (e->stream) cudaStreamSynchronize(e->stream);
   for (Bucket& k : e->buckets) {
     for (cudaEvent_t ev : {k.ready, k.done, k.wait_begin, k.wait_end})

@@ -104,6 +104,10 @@ for s in range(STEPS):
     rc = lib.flowc_step(ffi.cast("void*", STREAM), table, output_table, ffi.cast("int*", status.ctypes.data), ffi.NULL)
     if rc:
         print(f"rank {rank}: step {s} returned {rc}: {engine.error()}", flush=True)
+        failed_step = host_log()
+        engine.close()          # a failed engine aborts its communicator: destroying it could wait for ever
+        ends = [line for line in failed_step + host_log() if line.startswith(("nccl CommAbort", "nccl CommDestroy"))]
+        print(f"rank {rank}: the communicator's end: {ends}", flush=True)
         sys.exit(3)
     logs.append(host_log())
     losses.append(np.concatenate(comm.allgather(outputs[0].copy())))
