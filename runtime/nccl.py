@@ -29,6 +29,7 @@ from flowc.compiler.errors import DistributedError
 
 _ffi = cffi.FFI()
 _ffi.cdef("""
+int flowc_nccl_check(const char* library, char* error, int error_len);
 int flowc_nccl_unique_id(const char* library, void* id, char* error, int error_len);
 void* flowc_nccl_open(const char* library, const void* id, int ranks, int rank, int buckets,
                       double timeout_seconds, char* error, int error_len);
@@ -112,6 +113,13 @@ class NcclEngine:
         library = nccl_library or find_nccl()
         error = _ffi.new("char[]", 1024)
         unique = _ffi.new("char[]", ID_BYTES)
+        # Every rank opens NCCL before any starts it: one that cannot would leave the others in its start.
+        cannot = None if lib.flowc_nccl_check(library.encode(), error, len(error)) == 0 else \
+            _ffi.string(error).decode(errors="replace")
+        reasons = [(r, why) for r, why in enumerate(comm.allgather(cannot)) if why is not None]
+        if reasons:
+            raise DistributedError("NCCL could not start (" + "; ".join(f"rank {r}: {why}" for r, why in reasons) +
+                                   ")" + _hint(reasons[0][1]))
         # Rank 0's id, or why it has none: every rank learns either, so none waits for the others forever.
         answer: tuple[bool, bytes | str] | None = None
         if rank == 0:

@@ -133,12 +133,16 @@ def test_an_nccl_failure_stops_the_step_with_the_reason(env, code, reason):
 
 @needs_gxx
 @needs_mpi
-@pytest.mark.parametrize("failing, message", [
-    ("ncclGetUniqueId", "NCCL could not start (rank 0: ncclGetUniqueId: unhandled system error"),
-    ("ncclCommInitRank", "NCCL could not start on rank 1 of 2: ncclCommInitRank: unhandled system error"),
-])
-def test_a_bootstrap_failure_is_an_error_on_every_rank(failing, message):
-    proc = _run_ranks("sgd", "1", env={"FLOWC_FAKE_NCCL_FAIL": failing})
+@pytest.mark.parametrize("env, message", [
+    ({"FLOWC_FAKE_NCCL_FAIL": "ncclGetUniqueId"},
+     "NCCL could not start (rank 0: ncclGetUniqueId: unhandled system error"),
+    ({"FLOWC_FAKE_NCCL_FAIL": "ncclCommInitRank"},
+     "NCCL could not start on rank 1 of 2: ncclCommInitRank: unhandled system error"),
+    # one host without NCCL: the other rank must not go on into ncclCommInitRank, which would wait for ever
+    ({"FLOWC_TEST_NCCL_MISSING_ON": "1"}, "NCCL could not start (rank 1: could not open the NCCL library: "),
+], ids=["unique_id", "init", "missing_on_one_rank"])
+def test_a_bootstrap_failure_is_an_error_on_every_rank(env, message):
+    proc = _run_ranks("sgd", "1", env=env)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert proc.stderr.count("DistributedError: NCCL could not start") == 2     # no rank left waiting

@@ -291,6 +291,14 @@ void destroy(Engine* e) {
 
 extern "C" {
 
+// Can this process open NCCL at `library` and find every entry point the engine calls?  0, or the
+// reason in `error`.  Every rank asks before any starts NCCL: a rank that could not would leave the
+// others inside ncclCommInitRank, which has no timeout.
+int flowc_nccl_check(const char* library, char* error, int error_len) {
+  Nccl nccl;
+  return load(library, &nccl, error, error_len) ? 0 : FLOWC_COMM_ERROR_FAILED;
+}
+
 // Rank 0's half of the bootstrap: the id every rank's flowc_nccl_open takes (128 bytes into `id`).
 int flowc_nccl_unique_id(const char* library, void* id, char* error, int error_len) {
   Nccl nccl;

@@ -12,6 +12,7 @@ the whole batches, that every rank's whole variables are bit-equal, and that the
 the engine in order (the host log), then prints "ok".  FLOWC_FAKE_NCCL_FAIL / FLOWC_FAKE_STREAM_BUSY
 (tests/fake_nccl.c, tests/fake_cudart.h) inject faults: the step's error code is then printed.
 """
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -61,7 +62,10 @@ build_folder = tempfile.TemporaryDirectory(prefix=f"nccl-emulated-{rank}-")
 emulator = Emulator(Path(build_folder.name))
 ffi, lib = emulator.build("#define FLOWC_HOST_STEP 1\n" + step.source, [la.kernel for la in step.launches],
                           extra_cdef=STEP_CDEF)
-engine = NcclEngine(comm, step.comm_buckets, engine_library=engine_library(), nccl_library=str(fake_nccl()))
+# FLOWC_TEST_NCCL_MISSING_ON=R: rank R finds no NCCL (a host without the library)
+missing = os.environ.get("FLOWC_TEST_NCCL_MISSING_ON") == str(rank)
+engine = NcclEngine(comm, step.comm_buckets, engine_library=engine_library(),
+                    nccl_library="/nonexistent/libnccl.so.2" if missing else str(fake_nccl()))
 
 # This rank's device buffers: the fixed three, then each binding of the step's table.
 fixed = {"arena": DeviceBuffer(max(program.memory.arena_bytes, 64)),
