@@ -133,6 +133,17 @@ def test_an_nccl_failure_stops_the_step_with_the_reason(env, code, reason):
 
 @needs_gxx
 @needs_mpi
+def test_a_step_that_stops_between_a_start_and_its_wait_aborts_the_communicator_at_close():
+    # the bucket's sum may still wait for peers that went on: destroying the communicator could wait for ever
+    proc = _run_ranks("sgd", "2", env={"FLOWC_TEST_STEP_STOPS_AFTER_START": "1"})
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert f"rank {rank}: step 0 returned 7" in proc.stdout, proc.stdout + proc.stderr
+        assert f"rank {rank}: the communicator's end: ['nccl CommAbort 0']" in proc.stdout, proc.stdout
+
+
+@needs_gxx
+@needs_mpi
 @pytest.mark.parametrize("env, message", [
     ({"FLOWC_FAKE_NCCL_FAIL": "ncclGetUniqueId"},
      "NCCL could not start (rank 0: ncclGetUniqueId: unhandled system error"),

@@ -275,7 +275,12 @@ int comm_settle(void* ctx, void* stream_) {
 }
 
 void destroy(Engine* e) {
-  if (e->broken) abort_comm(e);     // its kernels return: the wait for the stream below ends
+  // A failed call, or a step that stopped between a bucket's start and its wait (a failure of its
+  // own): the ranks' collectives may no longer match, so abort. Its kernels return, and the wait for
+  // the stream below ends.
+  bool in_flight = false;
+  for (const Bucket& k : e->buckets) in_flight = in_flight || k.started;
+  if (e->broken || in_flight) abort_comm(e);
   if (e->stream) cudaStreamSynchronize(e->stream);
   for (Bucket& k : e->buckets) {
     for (cudaEvent_t ev : {k.ready, k.done, k.wait_begin, k.wait_end})

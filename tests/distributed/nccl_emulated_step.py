@@ -66,6 +66,11 @@ ffi, lib = emulator.build("#define FLOWC_HOST_STEP 1\n" + step.source, [la.kerne
 missing = os.environ.get("FLOWC_TEST_NCCL_MISSING_ON") == str(rank)
 engine = NcclEngine(comm, step.comm_buckets, engine_library=engine_library(),
                     nccl_library="/nonexistent/libnccl.so.2" if missing else str(fake_nccl()))
+if os.environ.get("FLOWC_TEST_STEP_STOPS_AFTER_START"):
+    # The step stops between a bucket's start and its wait, for a reason of its own (a launch that
+    # failed): its `wait` entry (the table's third pointer) returns an error without calling the engine.
+    stop_before_wait = ffi.callback("int(void*, int, void*)", lambda ctx, bucket, stream: 7)
+    engine.table.view(np.uint64)[2] = int(ffi.cast("uintptr_t", stop_before_wait))
 
 # This rank's device buffers: the fixed three, then each binding of the step's table.
 fixed = {"arena": DeviceBuffer(max(program.memory.arena_bytes, 64)),
