@@ -105,17 +105,22 @@ class NcclEngine:
         self._context = context        # makes the engine's device current around its close
         if device is not None:
             check_one_gpu_per_rank(comm.allgather((socket.gethostname(), device)))
-        if engine_library is None:
-            from flowc.compiler.nccl_library import ensure_nccl_engine
-            engine_library = ensure_nccl_engine()
-        lib = self._lib = _open_library(engine_library)
         rank, ranks = comm.Get_rank(), comm.Get_size()
-        library = nccl_library or find_nccl()
         error = _ffi.new("char[]", 1024)
         unique = _ffi.new("char[]", ID_BYTES)
-        # Every rank opens NCCL before any starts it: one that cannot would leave the others in its start.
-        cannot = None if lib.flowc_nccl_check(library.encode(), error, len(error)) == 0 else \
-            _ffi.string(error).decode(errors="replace")
+        # Every rank builds the engine and opens NCCL before any starts it: one that cannot would leave
+        # the others waiting in NCCL's start (or in this gather), so each says why, and all stop alike.
+        cannot: str | None = None
+        try:
+            if engine_library is None:
+                from flowc.compiler.nccl_library import ensure_nccl_engine
+                engine_library = ensure_nccl_engine()
+            lib = self._lib = _open_library(engine_library)
+            library = nccl_library or find_nccl()
+            if lib.flowc_nccl_check(library.encode(), error, len(error)) != 0:
+                cannot = _ffi.string(error).decode(errors="replace")
+        except Exception as err:          # the engine's build, FLOWC_NCCL: this rank's reason, for every rank
+            cannot = f"{type(err).__name__}: {err}"
         reasons = [(r, why) for r, why in enumerate(comm.allgather(cannot)) if why is not None]
         if reasons:
             raise DistributedError("NCCL could not start (" + "; ".join(f"rank {r}: {why}" for r, why in reasons) +

@@ -150,7 +150,8 @@ def test_a_step_that_stops_between_a_start_and_its_wait_aborts_the_communicator_
     ({"FLOWC_FAKE_NCCL_FAIL": "ncclCommInitRank"},
      "NCCL could not start on rank 1 of 2: ncclCommInitRank: unhandled system error"),
     # one host without NCCL: the other rank must not go on into ncclCommInitRank, which would wait for ever
-    ({"FLOWC_TEST_NCCL_MISSING_ON": "1"}, "NCCL could not start (rank 1: could not open the NCCL library: "),
+    ({"FLOWC_TEST_NCCL_MISSING_ON": "1"},
+     "NCCL could not start (rank 1: DistributedError: FLOWC_NCCL='/nonexistent/libnccl.so.2' is not a file"),
 ], ids=["unique_id", "init", "missing_on_one_rank"])
 def test_a_bootstrap_failure_is_an_error_on_every_rank(env, message):
     proc = _run_ranks("sgd", "1", env=env)

@@ -62,10 +62,12 @@ build_folder = tempfile.TemporaryDirectory(prefix=f"nccl-emulated-{rank}-")
 emulator = Emulator(Path(build_folder.name))
 ffi, lib = emulator.build("#define FLOWC_HOST_STEP 1\n" + step.source, [la.kernel for la in step.launches],
                           extra_cdef=STEP_CDEF)
-# FLOWC_TEST_NCCL_MISSING_ON=R: rank R finds no NCCL (a host without the library)
+# FLOWC_TEST_NCCL_MISSING_ON=R: rank R's FLOWC_NCCL names no file (a host without the library)
 missing = os.environ.get("FLOWC_TEST_NCCL_MISSING_ON") == str(rank)
+if missing:
+    os.environ["FLOWC_NCCL"] = "/nonexistent/libnccl.so.2"
 engine = NcclEngine(comm, step.comm_buckets, engine_library=engine_library(),
-                    nccl_library="/nonexistent/libnccl.so.2" if missing else str(fake_nccl()))
+                    nccl_library=None if missing else str(fake_nccl()))
 if os.environ.get("FLOWC_TEST_STEP_STOPS_AFTER_START"):
     # The step stops between a bucket's start and its wait, for a reason of its own (a launch that
     # failed): its `wait` entry (the table's third pointer) returns an error without calling the engine.
