@@ -516,13 +516,13 @@ def join(session: Session, job_module: str | None = None) -> Cluster | None:
     world = detect_world()
     relaunch_alone(world, job_module)
     check_configuration(world, environment.config_values, environment.env_values)    # a mismatch: every call
-    if world.is_distributed:
-        # MPI's start waits for every rank: one that already ended is an error now, one that ends while
-        # this rank waits ends it (runtime/arrival_watch.py), instead of a wait without end
-        arrivals = check_arrivals(world)
-    session.joined = True
     if not world.is_distributed:
+        session.joined = True
         return None
+    # MPI's start waits for every rank: one that already ended is an error now (the next call asks
+    # again), one that ends while this rank waits ends it (runtime/arrival_watch.py), not a wait without end
+    arrivals = check_arrivals(world)
+    session.joined = True
     try:
         cluster = Cluster(world)
     finally:

@@ -80,8 +80,8 @@ def check_one_gpu_per_rank(devices: list[tuple[str, str]]) -> None:
     the others waiting.  Ranks that see one GPU each (CUDA_VISIBLE_DEVICES, srun --gpus-per-task)
     number it 0 but have different bus ids."""
     users: dict[tuple[str, str], list[int]] = {}
-    for rank, key in enumerate(devices):
-        users.setdefault(tuple(key), []).append(rank)      # type: ignore[arg-type]
+    for rank, (host, bus) in enumerate(devices):
+        users.setdefault((host, bus), []).append(rank)
     shared = [(key, ranks) for key, ranks in users.items() if len(ranks) > 1]
     if shared:
         (host, bus), ranks = shared[0]
