@@ -51,8 +51,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     code = fn.__code__
     signature_line = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"   # placeholders live there
     with tracing(ctx):
-        args = [emit("input", [], {"index": i, "shape": p.shape, "dtype": p.dtype}, name=p.name,
-                     loc=signature_line) for i, p in enumerate(placeholders)]
+        args = [emit("input", [], _input_attrs(i, p), name=p.name, loc=signature_line)
+                for i, p in enumerate(placeholders)]
         ctx.placeholders = [a.id for a in args]
         ctx.dynamic_inputs = {a.id for a, p in zip(args, placeholders) if getattr(p, "is_dynamic", False)}
         result = fn(*(pack_arguments(args) if pack_arguments is not None else args))
@@ -85,6 +85,17 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
                                          mirrored=ctx.logical_view == "mirrored", split_variables=split)
     return TracedJob(graph, layout, optimizer, watches, distribution)
+
+
+def _input_attrs(index: int, placeholder: Any) -> dict[str, Any]:
+    """The input op's attributes.  A batch axis other than OneFlow's default 0 is recorded, for the
+    consistent view on several ranks (compiler/passes/data_parallel.py): None is the whole input on
+    every rank; left out when 0, so the usual graphs' fingerprints stay as they were."""
+    attrs = {"index": index, "shape": placeholder.shape, "dtype": placeholder.dtype}
+    batch_axis = getattr(placeholder, "batch_axis", 0)
+    if batch_axis != 0:
+        attrs["batch_axis"] = batch_axis
+    return attrs
 
 
 def _split_variables(ctx: TraceContext, ranks: int) -> dict[str, str]:

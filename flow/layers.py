@@ -266,7 +266,7 @@ def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=No
     trainable=True, name="PRelu")`: x where x > 0, else alpha * x, with a learned `alpha` of shape
     inputs.shape[1:] (1 along each of `shared_axes`, which count from the batch axis 0) in the variable
     `<name>-alpha`, zeros unless told.  As in OneFlow the default name is the fixed "PRelu": two
-    unnamed prelu layers share one alpha.  `model_distribute` is accepted (one device holds all of it).
+    unnamed prelu layers share one alpha.  `model_distribute` is accepted; every rank holds the whole alpha.
 
     Example:
         y = flow.layers.prelu(conv1, shared_axes=[2, 3], name="prelu1")      # one alpha per channel

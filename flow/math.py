@@ -44,13 +44,17 @@ negative = _unary("negative", "flow.math.negative")
 relu = _unary("relu", "flow.math.relu")
 
 
+def _reduce(op: str, api: str, argument: str, x, axis, keepdims: bool, name: str | None) -> Blob:
+    x = check_blob(x, api, argument)
+    ax = axes(x, axis, api)
+    if not ax:
+        return x
+    return emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api)
+
+
 def _reduction(op: str, api: str):
     def fn(input_tensor, axis=None, keepdims: bool = False, name: str | None = None) -> Blob:
-        x = check_blob(input_tensor, api, "input_tensor")
-        ax = axes(x, axis, api)
-        if not ax:
-            return x
-        return emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api)
+        return _reduce(op, api, "input_tensor", input_tensor, axis, keepdims, name)
     fn.__name__ = api.rsplit(".", 1)[-1]
     fn.__doc__ = (f"`{api}(input_tensor, axis=None, keepdims=False)`: reduce over `axis` (int, list or None "
                   f"for all).\n\nExample:\n    s = {api}(x, axis=[0, 2], keepdims=True)")
@@ -61,6 +65,22 @@ reduce_sum = _reduction("reduce_sum", "flow.math.reduce_sum")
 reduce_max = _reduction("reduce_max", "flow.math.reduce_max")
 reduce_min = _reduction("reduce_min", "flow.math.reduce_min")
 reduce_prod = _reduction("reduce_prod", "flow.math.reduce_prod")
+
+
+def _two_stage(op: str, api: str):
+    # OneFlow reduces a blob split over devices in two stages, each device's extremum then theirs;
+    # the value and the gradient (shared among ties) are those of the one-stage reduction
+    def fn(x, axis=None, keepdims: bool = False, name: str | None = None) -> Blob:
+        return _reduce(op, api, "x", x, axis, keepdims, name)
+    fn.__name__ = api.rsplit(".", 1)[-1]
+    fn.__doc__ = (f"`{api}(x, axis=None, keepdims=False)`: OneFlow's reduction of a blob split over devices "
+                  f"in two stages; the same values and gradient as `{op}`, whose limits it shares on several "
+                  f"ranks (docs/distributed.md).\n\nExample:\n    peak = {api}(x, axis=[1])")
+    return fn
+
+
+two_stage_reduce_max = _two_stage("reduce_max", "flow.math.two_stage_reduce_max")
+two_stage_reduce_min = _two_stage("reduce_min", "flow.math.two_stage_reduce_min")
 
 
 def reduce_mean(input_tensor, axis=None, keepdims: bool = False, name: str | None = None) -> Blob:

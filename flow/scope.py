@@ -62,7 +62,8 @@ class LogicalView(str):
     DistributeConsistentStrategy / DistributeMirroredStrategy: the value of
     `function_config().default_logical_view(...)`, and a `with` block inside which
     `flow.scope.mirrored_view_enabled()` / `consistent_view_enabled()` answer for that view.  It is
-    also the string "consistent" or "mirrored".  On one device both views compute the same values.
+    also the string "consistent" or "mirrored".  On one device both views compute the same values; on
+    several ranks they differ in what a call passes and gets back (docs/distributed.md).
     """
 
     @property

@@ -23,8 +23,8 @@ _CUSTOM_OPS = ("custom C++ ops need OneFlow's op registry and runtime; flowc com
 
 _DYNAMIC = ("the shape of its result depends on the values it is given; flowc compiles every shape ahead of "
             "the step (see docs/dynamic_inputs.md for inputs smaller than declared)")
-_SEVERAL_DEVICES = ("it works across devices or machines; flowc runs a job on one device (data parallelism: a "
-                    "later issue)")
+_SEVERAL_DEVICES = ("it works across devices or machines outside the job's own collectives; flowc's ranks meet "
+                    "only in the collectives its passes plan (docs/distributed.md)")
 _DETECTION = ("an object-detection op of OneFlow's Mask R-CNN models (boxes, anchors, polygons); not in flowc's "
               "op set")
 _TENSOR_BUFFER = ("tensor buffers and tensor lists hold tensors of different shapes in one blob; flowc's blobs "
@@ -58,7 +58,6 @@ UNSUPPORTED: dict[str, str] = {
     **{name: _DYNAMIC for name in ("argwhere", "nonzero", "dynamic_reshape", "sync_dynamic_resize",
                                     "dim0_dynamic_to_fixed")},
     **{name: _SEVERAL_DEVICES for name in ("eager_nccl_all_reduce", "distributed_partial_fc_sample",
-                                            "math.two_stage_reduce_max", "math.two_stage_reduce_min",
                                             "deprecated.init_worker", "deprecated.delete_worker",
                                             "deprecated.delete_worker_by_bootstrap")},
     **{f"detection.{name}": _DETECTION for name in (

@@ -38,6 +38,7 @@ from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.ops.random_shards import RANK_SCALAR
+from flowc.compiler.passes.layouts import BROADCAST
 from flowc.runtime.arrival_watch import alive, check_arrivals
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
@@ -324,6 +325,8 @@ class DistributedStep(LoadedStep):
         # the split variables this job updates, and the variables it reads whole
         self.sharded_writes = set(traced.distribution.sharded) & set(self.graph.assigns)
         self.whole_reads = set(self.graph.variables) - set(traced.distribution.sharded)
+        # the placeholders every rank gets whole (batch_axis=None); the others are split along axis 0
+        self.whole_inputs = {i for i, kind in enumerate(traced.distribution.inputs) if kind == BROADCAST}
         self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
         self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
@@ -339,15 +342,17 @@ class DistributedStep(LoadedStep):
             typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
                      for a, p in zip(arrays, graph.placeholders)]
             self._check_labels(typed)
-            # rank r's rows (the placeholders' batch axis divides over the ranks: the pass checked);
-            # plain slices, as np.split's per-call overhead is a tenth of a small job's step
-            rows = [a.shape[0] // ranks for a in typed]
-            for a, n, p in zip(typed, rows, graph.placeholders):
-                if not a.ndim or n * ranks != a.shape[0]:     # never drop the rows a slice would leave out
+            # rank r's rows (the placeholders' batch axis divides over the ranks: the pass checked), or
+            # the whole input; plain slices, as np.split's per-call overhead is a tenth of a small job's step
+            rows = [a.shape[0] // ranks if a.ndim and i not in self.whole_inputs else 0 for i, a in enumerate(typed)]
+            for i, (a, n, p) in enumerate(zip(typed, rows, graph.placeholders)):
+                if i not in self.whole_inputs and (not a.ndim or n * ranks != a.shape[0]):
+                    # never drop the rows a slice would leave out
                     raise DistributedError(f"job {self.job_name!r}: input {graph.node(p).name or p!r} of shape "
                                            f"{list(a.shape)} does not split along axis 0 over {ranks} ranks")
             shards = [[part if borrowed and part.flags.c_contiguous else np.array(part)
-                       for part in (a[r * n:(r + 1) * n] for a, n in zip(typed, rows))] for r in range(ranks)]
+                       for part in (a if i in self.whole_inputs else a[r * n:(r + 1) * n]
+                                    for i, (a, n) in enumerate(zip(typed, rows)))] for r in range(ranks)]
             self.inner.feed(slot, shards[0], scalars)
         elif scalars:
             self.inner.feed(slot, (), scalars)

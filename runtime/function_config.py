@@ -157,7 +157,15 @@ _ARGUMENT_NAMES: dict[Callable, str] = {
 
 _FUSES = "flowc always fuses element-wise chains into their producer's epilogue"
 _NO_CUDNN = "flowc generates its own kernels and does not call cuDNN"
-_ONE_DEVICE = "flowc runs a job on one device: nothing is distributed, reduced across devices or boxed"
+_NO_STAGES = ("stage-parallel (SSP) pipelining: flowc does not cut a job into pipeline stages; each rank runs "
+              "the whole job (data and model parallelism, docs/distributed.md)")
+_ENGINES = "flowc's GPU jobs on several ranks sum through NCCL, its CPU jobs through MPI (docs/distributed.md)"
+_OWN_COLLECTIVES = ("flowc plans its own collectives (compiler/passes/data_parallel.py, model_parallel.py): "
+                    "there is no boxing to tune")
+_BUCKETS = ("flowc groups the gradient sums in buckets of flow.config.collective_boxing.nccl_fusion_threshold_mb, "
+            "each started as its last gradient is written")
+_OPTIMIZER_SHARDS = ("OneFlow's sharding of the optimizer over the devices; flowc's ranks each update every "
+                     "replicated variable whole (the same values; no memory saved)")
 _OWN_MEMORY = "flowc's memory plan always reuses buffers (liveness-based)"
 _XRT = "flowc compiles the whole job itself; there is no second compiler (XLA, TensorRT) to hand it to"
 _NO_HALF = "a cuDNN half-precision knob: flowc computes float16 in float32 in its own kernels"
@@ -169,7 +177,8 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("default_placement_scope", IMPLEMENTED, _placement,
      "a flow.scope.placement applied to the whole job, as if its body were inside it"),
     ("default_logical_view", IMPLEMENTED, _view,
-     "recorded (config.logical_view); on one device the consistent and mirrored views agree"),
+     "on several ranks the consistent view splits the global batch and the mirrored view takes one "
+     "tp.ListNumpy array per rank (docs/distributed.md); on one device both compute the same"),
     ("default_distribute_strategy", IMPLEMENTED, _view,
      "OneFlow's older name of default_logical_view; recorded the same way"),
     ("concurrency_width", IMPLEMENTED, _positive_int,
@@ -216,9 +225,9 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
      "float32 update (use an optimizer's loss_scale_policy for float16 and AMP jobs)"),
     ("enable_cudnn", MEANINGLESS, _bool, _NO_CUDNN),
     # set through OneFlow's C++-registered job-conf attributes: stage-parallel (SSP) pipelining across devices
-    ("enable_ssp", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("ssp_partition_strategy", MEANINGLESS, _anything, _ONE_DEVICE),
-    ("ssp_partition_scope_ids", MEANINGLESS, _anything, _ONE_DEVICE),
+    ("enable_ssp", MEANINGLESS, _bool, _NO_STAGES),
+    ("ssp_partition_strategy", MEANINGLESS, _anything, _NO_STAGES),
+    ("ssp_partition_scope_ids", MEANINGLESS, _anything, _NO_STAGES),
     ("enable_pseudo_chain_merge", MEANINGLESS, _bool, "flowc has no task graph of chains to merge"),
     ("cudnn_buf_limit_mbyte", MEANINGLESS, _int, _NO_CUDNN),
     ("cudnn_conv_force_fwd_algo", MEANINGLESS, _int, _NO_CUDNN),
@@ -236,24 +245,27 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("tensorrt.use_fp16", MEANINGLESS, _bool, _XRT),
     ("tensorrt.use_int8", MEANINGLESS, _bool, _XRT),
     ("tensorrt.int8_calibration", MEANINGLESS, _str, _XRT),
-    ("enable_nccl", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("use_nccl_inter_node_communication", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("use_boxing_v2", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("do_parallel_cast_before_widening_type_cast", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("enable_all_reduce_group", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("all_reduce_group_num", MEANINGLESS, _int, _ONE_DEVICE),
-    ("all_reduce_lazy_ratio", MEANINGLESS, _number, _ONE_DEVICE),
-    ("all_reduce_group_min_mbyte", MEANINGLESS, _int, _ONE_DEVICE),
-    ("all_reduce_group_size_warmup", MEANINGLESS, _number, _ONE_DEVICE),
-    ("all_reduce_fp16", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("disable_all_reduce_sequence", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("enable_non_distributed_optimizer", MEANINGLESS, _bool, _ONE_DEVICE),
-    ("non_distributed_optimizer_group_size_mbyte", MEANINGLESS, _int, _ONE_DEVICE),
-    ("optimizer_placement_optimization_mode", MEANINGLESS, _mode, _ONE_DEVICE),
-    ("optimizer_placement_optimization_threshold", MEANINGLESS, _int, _ONE_DEVICE),
-    ("train.optimizer_placement_optimization_mode", MEANINGLESS, _mode, _ONE_DEVICE),
-    ("train.optimizer_placement_optimization_threshold", MEANINGLESS, _int, _ONE_DEVICE),
-    ("enable_gradients_stats_aggregation", MEANINGLESS, _bool, _ONE_DEVICE),
+    ("enable_nccl", MEANINGLESS, _bool, _ENGINES),
+    ("use_nccl_inter_node_communication", MEANINGLESS, _bool, _ENGINES),
+    ("use_boxing_v2", MEANINGLESS, _bool, _OWN_COLLECTIVES),
+    ("do_parallel_cast_before_widening_type_cast", MEANINGLESS, _bool, _OWN_COLLECTIVES),
+    ("enable_all_reduce_group", MEANINGLESS, _bool, _BUCKETS),
+    ("all_reduce_group_num", MEANINGLESS, _int, _BUCKETS),
+    ("all_reduce_lazy_ratio", MEANINGLESS, _number, _BUCKETS),
+    ("all_reduce_group_min_mbyte", MEANINGLESS, _int, _BUCKETS),
+    ("all_reduce_group_size_warmup", MEANINGLESS, _number, _BUCKETS),
+    ("all_reduce_fp16", MEANINGLESS, _bool,
+     "flowc sums each gradient over the ranks in its own dtype, never narrowed to float16"),
+    ("disable_all_reduce_sequence", MEANINGLESS, _bool, _BUCKETS),
+    ("enable_non_distributed_optimizer", MEANINGLESS, _bool, _OPTIMIZER_SHARDS),
+    ("non_distributed_optimizer_group_size_mbyte", MEANINGLESS, _int, _OPTIMIZER_SHARDS),
+    ("optimizer_placement_optimization_mode", MEANINGLESS, _mode, _OPTIMIZER_SHARDS),
+    ("optimizer_placement_optimization_threshold", MEANINGLESS, _int, _OPTIMIZER_SHARDS),
+    ("train.optimizer_placement_optimization_mode", MEANINGLESS, _mode, _OPTIMIZER_SHARDS),
+    ("train.optimizer_placement_optimization_threshold", MEANINGLESS, _int, _OPTIMIZER_SHARDS),
+    ("enable_gradients_stats_aggregation", MEANINGLESS, _bool,
+     "flowc computes its gradient statistics (clip_by_global_norm's norm, dynamic loss scaling's finite "
+     "check) in its own kernels"),
     ("allow_cpu_return_op", MEANINGLESS, _bool, "results always come back to the host"),
     ("exp_run_conf", MEANINGLESS, _dict, "OneFlow's experimental-run settings have no counterpart"),
     ("static_mem_alloc_policy_white_list.has", MEANINGLESS, _anything, _OWN_MEMORY),

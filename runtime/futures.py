@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from flowc.runtime.signature import PerRank, whole
+
 
 class Call:
     """One job call on its way through the actors.
@@ -101,13 +103,14 @@ class Call:
         return self.convert(self.outputs)
 
 
-def watched_value(convert: str, array: np.ndarray) -> Any:
+def watched_value(convert: str, array: np.ndarray | PerRank) -> Any:
     """A watched value as its handler's annotation asks (`flow.watch`): "numpy" an ndarray,
-    "list_numpy" a list with one per device (one here), "blob" a LocalBlob (no annotation)."""
+    "list_numpy" a list with one per device, "blob" a LocalBlob (no annotation).  `array` is a
+    `PerRank` list in a mirrored-view job on several ranks."""
     if convert == "numpy":
-        return array
+        return whole(array)
     if convert == "list_numpy":
-        return [array]
+        return list(array) if isinstance(array, PerRank) else [array]
     return LocalBlob(array)
 
 
@@ -162,17 +165,33 @@ def _decide_if_pending(call: Call) -> None:
 
 
 class LocalBlob:
-    """A result of the old API: an ndarray with `.numpy()` (and the deprecated `.ndarray()`)."""
+    """A result of the old API: an ndarray with `.numpy()` (and the deprecated `.ndarray()`).
 
-    def __init__(self, array: np.ndarray) -> None:
-        self._array = array
+    A mirrored-view job on several ranks gives one array per device, as OneFlow's LocalMirroredTensor:
+    `.numpy_list()` is the list, `.numpy(i)` device i's array, and `.numpy()` (and ndarray-like use)
+    their join along axis 0.
+
+    Example:
+        blob = eval_job(images).get()
+        print(blob.numpy().mean(), blob.parallel_num())
+    """
+
+    def __init__(self, array: np.ndarray | PerRank) -> None:
+        self._devices: list[np.ndarray] = list(array) if isinstance(array, PerRank) else [array]
+        self._whole: np.ndarray | PerRank = array
+
+    @property
+    def _array(self) -> np.ndarray:
+        return whole(self._whole)        # joined when first asked: a scalar per rank is an error only then
 
     def numpy(self, parallel_id: int | None = None) -> np.ndarray:
-        """The array; `parallel_id` (a device's index) may only be 0 or None on one device."""
-        if parallel_id not in (None, 0):
-            raise IndexError(f"LocalBlob.numpy: parallel_id {parallel_id!r} is out of range; flowc runs on one "
-                             "device (parallel_id 0)")
-        return self._array
+        """The array (None), or device `parallel_id`'s array."""
+        if parallel_id is None:
+            return self._array
+        if not isinstance(parallel_id, int) or not 0 <= parallel_id < len(self._devices):
+            raise IndexError(f"LocalBlob.numpy: parallel_id {parallel_id!r} is out of range: the result has "
+                             f"{len(self._devices)} device(s), parallel_id 0 to {len(self._devices) - 1}")
+        return self._devices[parallel_id]
 
     def numpy_list(self) -> list[np.ndarray]:
         """The array of each device: `[blob.numpy()]` on one device.
@@ -180,11 +199,15 @@ class LocalBlob:
         Example:
             losses = train_job(images, labels).get().numpy_list()
         """
-        return [self._array]
+        return list(self._devices)
+
+    def parallel_num(self) -> int:
+        """How many devices' arrays the result holds (1 unless a mirrored-view job ran on several ranks)."""
+        return len(self._devices)
 
     def ndarray_list(self) -> list[np.ndarray]:
         warnings.warn("LocalBlob.ndarray_list() is deprecated; use .numpy_list()", DeprecationWarning, stacklevel=2)
-        return [self._array]
+        return self.numpy_list()
 
     def ndarray(self) -> np.ndarray:
         warnings.warn("LocalBlob.ndarray() is deprecated; use .numpy()", DeprecationWarning, stacklevel=2)
@@ -194,6 +217,8 @@ class LocalBlob:
         return self._array if dtype is None else self._array.astype(dtype)
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):           # never found on the array: also keeps copy and pickle from recursing
+            raise AttributeError(name)
         return getattr(self._array, name)     # .mean(), .shape, .tolist(), ...
 
     def __getitem__(self, index):
@@ -203,6 +228,8 @@ class LocalBlob:
         return len(self._array)
 
     def __repr__(self) -> str:
+        if len(self._devices) > 1:
+            return f"LocalBlob(per device: {self._devices!r})"
         return f"LocalBlob({self._array!r})"
 
 

@@ -495,7 +495,7 @@ class JobFunction:
                                    f"{_describe_value(value)}")
             shares = [self._check_argument(dataclasses.replace(p, kind="numpy"), a) for a in value]   # exact shapes
             return np.concatenate(shares, axis=0)
-        if p.kind == "list":      # one array per device, and flowc has one device
+        if p.kind == "list":      # one array per device, and here one device (several ranks: above)
             value = self._one_device(p, value, "a list with one numpy.ndarray")
         elif p.kind == "list_list":
             value = self._one_device(p, value, "a list with one list of numpy.ndarrays")

@@ -11,6 +11,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from flowc.compiler import dtypes
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import dtype_name
@@ -35,7 +37,8 @@ class PlaceholderSpec:
 
     @property
     def as_list(self) -> bool:
-        """The argument comes as a list with one entry per device (one device here)."""
+        """The argument comes as a list with one entry per device (one per rank of a mirrored-view job
+        on several ranks, else one)."""
         return self.kind != "numpy"
 
     @property
@@ -48,8 +51,10 @@ class NumpyPlaceholder:
     """What `tp.Numpy.Placeholder(shape, dtype, batch_axis=0)` returns: the declaration of one input.
 
     `batch_axis` (an axis or None) says which axis holds the samples; on one device it only is
-    checked and recorded.  `name` names the input op in OneFlow; flowc names inputs after their
-    parameters and keeps `name` for display only.
+    checked and recorded.  On several ranks (consistent view) the input is split along axis 0, or
+    given whole to every rank with batch_axis=None; another axis is refused at the trace.  `name`
+    names the input op in OneFlow; flowc names inputs after their parameters and keeps `name` for
+    display only.
     """
     kind = "numpy"
 
@@ -102,7 +107,8 @@ class Numpy:
 
 
 class ListNumpy:
-    """Annotation for a result returned as a list with one `numpy.ndarray` per device (flowc: one device).
+    """Annotation for a result returned as a list with one `numpy.ndarray` per device: one, unless a
+    mirrored-view job runs on several ranks (then one per rank).
 
     Example:
         def job(x: tp.ListNumpy.Placeholder((100, 784))) -> tp.ListNumpy: ...
@@ -112,7 +118,7 @@ class ListNumpy:
 
 class ListListNumpy:
     """Annotation for a result returned as a list per device of a list of `numpy.ndarray` (a tensor
-    list).  flowc has one device and returns each blob as a list of one array: `[[array]]`.
+    list): `[[array]]` on one device, one inner list per rank of a mirrored-view job on several ranks.
 
     An input declared `tp.ListListNumpy.Placeholder(shape)` takes `[[a, b, ...]]`: arrays of the
     declared rank holding at most the declared number of elements together.  The job sees them
@@ -332,26 +338,43 @@ def flatten_result(spec: ResultSpec, value: Any, where: str) -> tuple[list, Any]
 
 class PerRank(list):
     """One result of a distributed mirrored job: its array on each rank, in rank order
-    (runtime/distributed.py); a `tp.ListNumpy` result gives them as its per-device list."""
+    (runtime/distributed.py).  A `tp.ListNumpy` result gives them as its per-device list; a `tp.Numpy`
+    result and `LocalBlob.numpy()` give them joined (OneFlow's mirrored blob as one array)."""
+
+    def joined(self) -> np.ndarray:
+        """The ranks' arrays one after the other along axis 0, as OneFlow joins a mirrored blob's
+        device arrays; a scalar on each rank has no axis to join along, and is an error that says so."""
+        if self[0].ndim == 0:
+            raise ValueError(f"a result of this mirrored-view job is a scalar on each of its {len(self)} ranks, "
+                             "which do not join into one array (a tp.Numpy result or LocalBlob.numpy() joins "
+                             "the ranks' arrays along axis 0): annotate it tp.ListNumpy for the list of them, or "
+                             "take one rank's with LocalBlob.numpy(parallel_id)")
+        return np.concatenate(self, axis=0)
+
+
+def whole(value: Any) -> Any:
+    """`value` as one array: a distributed mirrored result's arrays joined (`PerRank.joined`)."""
+    return value.joined() if isinstance(value, PerRank) else value
 
 
 @dataclass(frozen=True)
 class PerDevice:
-    """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (one device here);
+    """Layout leaf of a `tp.ListNumpy` result: a list with one array per device (`PerRank`);
     of a `tp.ListListNumpy` result (tensor_list): a list per device of a list of arrays."""
     index: int
     tensor_list: bool = False
 
 
-def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = lambda a: a) -> Any:
-    """The user's result from the step's output arrays; `leaf` wraps each array (old API: LocalBlob)."""
+def rebuild_result(layout: Any, arrays: list, leaf: Callable[[Any], Any] = whole) -> Any:
+    """The user's result from the step's output arrays; `leaf` makes each tp.Numpy result's value
+    from its array, or from its `PerRank` list in a distributed mirrored job (old API: LocalBlob)."""
     if layout is None:
         return None
     if isinstance(layout, PerDevice):
         value = arrays[layout.index]
         if isinstance(value, PerRank):     # a distributed mirrored job: one array per rank
-            return [[leaf(v)] for v in value] if layout.tensor_list else [leaf(v) for v in value]
-        return [[leaf(value)]] if layout.tensor_list else [leaf(value)]
+            return [[v] for v in value] if layout.tensor_list else list(value)
+        return [[value]] if layout.tensor_list else [value]
     if isinstance(layout, int):
         return leaf(arrays[layout])
     if isinstance(layout, (tuple, list)):

@@ -412,3 +412,28 @@ def test_check_numerics_and_mirrored_sparse_updates_are_refused_on_several_ranks
         return loss
 
     refused(lambda: sparse, r"unique_indices in a data-parallel job: it computes a sparse \(indexed-slices\) update")
+
+
+def test_a_placeholder_without_a_batch_axis_is_whole_on_every_rank_and_another_axis_is_refused():
+    """OneFlow's consistent view splits an input along its batch axis and gives one declared with
+    batch_axis=None whole to every device (tests/distributed/whole_inputs.py trains such a job)."""
+    on_ranks(2)
+
+    @flow.global_function()
+    def scaled(x: tp.Numpy.Placeholder((B, 6), dtype=flow.float),
+               scale: tp.Numpy.Placeholder((6,), dtype=flow.float, batch_axis=None),
+               table: tp.Numpy.Placeholder((2, 6), dtype=flow.float, batch_axis=None)) -> Tuple[tp.Numpy, tp.Numpy]:
+        return x * scale + flow.math.reduce_sum(table, axis=[0]), flow.math.reduce_sum(table)
+
+    traced = scaled.graph
+    assert [traced.node(p).type.shape for p in traced.placeholders] == [(B // 2, 6), (6,), (2, 6)]
+    distribution = scaled._traced.distribution
+    assert distribution.inputs == ("split", "broadcast", "broadcast")
+    assert distribution.outputs == ["split", "broadcast"]
+
+    @flow.global_function()
+    def columns(x: tp.Numpy.Placeholder((4, B), dtype=flow.float, batch_axis=1)) -> tp.Numpy:
+        return flow.math.reduce_sum(x, axis=[0])
+
+    with pytest.raises(flow.TraceError, match=r"placeholder 'x' of shape \[4, 8\] has batch_axis=1: .*axis 0 only"):
+        assert columns.graph is None

@@ -67,8 +67,19 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     step.graph, step.job_name, step._pending = local, "train_job", {}
     step.cluster = types.SimpleNamespace(ranks=2)
     step.compiled = types.SimpleNamespace(generated=types.SimpleNamespace(label_checks=[]))
-    step.inner = types.SimpleNamespace(feed=lambda *args: None)
+    fed = []
+    step.inner = types.SimpleNamespace(feed=lambda slot, arrays, scalars: fed.append(arrays))
+    step.whole_inputs = set()
     images = np.zeros((B - 1, 1, 4, 4), np.float32)
     with pytest.raises(DistributedError, match=r"input .* of shape \[7, 1, 4, 4\] does not split along axis 0 over 2"):
         step.feed(object(), [images, np.zeros(B - 1, np.int32)])
     step.feed(object(), [np.zeros((B, 1, 4, 4), np.float32), np.zeros(B, np.int32)])    # 8 rows: 4 each
+    assert [a.shape for a in fed[-1]] == [(B // 2, 1, 4, 4), (B // 2,)]
+    step.whole_inputs = {1}          # batch_axis=None: every rank gets the whole input, whatever its rows
+    labels = np.arange(B - 1, dtype=np.int32)
+    slot = object()
+    step.feed(slot, [np.zeros((B, 1, 4, 4), np.float32), labels])
+    assert [a.shape for a in fed[-1]] == [(B // 2, 1, 4, 4), (B - 1,)]
+    shares, _ = step._pending[id(slot)]
+    np.testing.assert_array_equal(shares[1][1], labels)
+    assert not np.shares_memory(shares[1][1], labels)      # a copy: the caller may reuse its array

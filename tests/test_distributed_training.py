@@ -110,8 +110,15 @@ def test_bert_tiny_with_its_dropout_on_two_ranks_trains_as_one_process(tmp_path)
 
 
 def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_path):
+    # also: its tp.Numpy results, LocalBlobs and watched values join the ranks' arrays (as one process's
+    # on both batches), and a scalar on each rank is refused as a tp.Numpy result, naming tp.ListNumpy
     one, two = one_and_two_ranks("mirrored", tmp_path)
     assert "smaller refused: True" not in one and "smaller refused: True" in two
+    assert "scalar refused: True" not in one and "scalar refused: True" in two
+
+
+def test_placeholders_without_a_batch_axis_reach_every_rank_whole(tmp_path):
+    one_and_two_ranks("whole_inputs", tmp_path)
 
 
 def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_nothing(tmp_path):

@@ -139,8 +139,38 @@ def test_numpy_list_on_old_api_results():
     (only,) = blob.numpy_list()
     np.testing.assert_array_equal(only, np.ones(3, np.float32))
     np.testing.assert_array_equal(blob.numpy(0), only)
-    with pytest.raises(IndexError, match="one device"):
+    assert blob.parallel_num() == 1
+    with pytest.raises(IndexError, match=r"1 device\(s\), parallel_id 0 to 0"):
         blob.numpy(1)
+
+
+def test_a_result_per_rank_joins_along_axis_0_as_one_array():
+    """A distributed mirrored job's result (one array per rank, runtime/distributed.py) as each
+    annotation gives it: OneFlow's LocalMirroredTensor for the old API; tp.Numpy joins the arrays."""
+    from flowc.runtime.futures import LocalBlob, watched_value
+    from flowc.runtime.signature import PerDevice, PerRank, rebuild_result
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), -np.ones((2, 3), np.float32)
+    per_rank = PerRank([a, b])
+    np.testing.assert_array_equal(rebuild_result(0, [per_rank]), np.concatenate([a, b]))
+    listed = rebuild_result((PerDevice(0), PerDevice(0, tensor_list=True)), [per_rank])
+    assert [x.tolist() for x in listed[0]] == [a.tolist(), b.tolist()]
+    assert [[x.tolist() for x in device] for device in listed[1]] == [[a.tolist()], [b.tolist()]]
+    blob = rebuild_result(0, [per_rank], LocalBlob)
+    assert blob.parallel_num() == 2 and blob.shape == (4, 3) and len(blob) == 4
+    np.testing.assert_array_equal(blob.numpy(1), b)
+    np.testing.assert_array_equal(np.asarray(blob), np.concatenate([a, b]))
+    with pytest.raises(IndexError, match="2 device"):
+        blob.numpy(2)
+    np.testing.assert_array_equal(watched_value("numpy", per_rank), np.concatenate([a, b]))
+    assert len(watched_value("list_numpy", per_rank)) == 2
+    assert watched_value("blob", per_rank).parallel_num() == 2
+    scalars = PerRank([np.float32(1.0) * np.ones(()), np.ones(())])
+    with pytest.raises(ValueError, match="scalar on each of its 2 ranks.*tp.ListNumpy"):
+        rebuild_result(0, [scalars])
+    scalar_blob = LocalBlob(scalars)             # its devices' values stay available
+    assert [float(v) for v in scalar_blob.numpy_list()] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="numpy\\(parallel_id\\)"):
+        scalar_blob.numpy()
 
 
 def test_distribute_hints_are_identities_on_one_device():

@@ -68,6 +68,8 @@ CASES = {
     "reduce_max": (lambda a: flow.math.reduce_max(a, axis=1), [rand(6, 9)]),
     "reduce_max_keep_first": (lambda a: flow.math.reduce_max(a, axis=0, keepdims=True), [rand(6, 9)]),
     "reduce_min": (lambda a: flow.math.reduce_min(a, axis=[0, 2]), [rand(3, 4, 5)]),
+    "two_stage_reduce_max": (lambda a: flow.math.two_stage_reduce_max(a, axis=[1], keepdims=True), [rand(4, 7)]),
+    "two_stage_reduce_min": (lambda a: flow.math.two_stage_reduce_min(a), [rand(3, 5)]),
     "reduce_prod": (lambda a: flow.math.reduce_prod(a, axis=-1), [rand(4, 5, low=0.5, high=1.5)]),
     "matmul_nn": (lambda a, b: flow.matmul(a, b), [rand(7, 5), rand(5, 6)]),
     "matmul_nt": (lambda a, b: flow.matmul(a, b, transpose_b=True), [rand(7, 5), rand(6, 5)]),

@@ -95,11 +95,13 @@ class Distribution:
     """What the pass decided: each original node's layout, and each output's (for the runtime).
     `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank.
     `sharded`: the variables each rank holds a slice of (model parallelism: rank r binds rows
-    r·U/N … (r+1)·U/N of the variable's storage)."""
+    r·U/N … (r+1)·U/N of the variable's storage).  `inputs`: each placeholder's layout, split (each
+    rank its rows) or broadcast (every rank the whole: batch_axis=None)."""
     layouts: dict[int, str]
     outputs: list[str]
     mirrored: bool = False
     sharded: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
 
 
 _error = layout_error
@@ -181,6 +183,16 @@ class _Layouts:
             self._reduce_partials(n)
             return SPLIT
         if n.op == "input":
+            # OneFlow's consistent view splits a placeholder along its batch axis and gives one without
+            # any (batch_axis=None) whole to every device
+            batch_axis = n.attr("batch_axis", 0)
+            if batch_axis is None and not self.mirrored:
+                return BROADCAST
+            if batch_axis not in (0, None) and not self.mirrored:
+                raise TraceError(f"{n.loc}: placeholder {n.name or n.attr('index')!r} of shape {list(n.type.shape)} "
+                                 f"has batch_axis={batch_axis}: flowc splits a job's inputs over its {self.ranks} "
+                                 "ranks along axis 0 only; put the samples on axis 0, or pass batch_axis=None "
+                                 "to give every rank the whole input")
             if not n.type.shape or n.type.shape[0] % self.ranks:
                 raise TraceError(f"{n.loc}: placeholder {n.name or n.attr('index')!r} of shape {list(n.type.shape)}: "
                                  f"its batch axis (axis 0) must be a multiple of the {self.ranks} ranks the job is "
@@ -452,7 +464,8 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
                   scalars, [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
-    return local, Distribution(layout, outputs, mirrored, tuple(sorted(split_variables)))
+    return local, Distribution(layout, outputs, mirrored, tuple(sorted(split_variables)),
+                               tuple(layout[p] for p in graph.placeholders))
 
 
 def _check_assigns(graph: Graph, layout: dict[int, str], split_variables: dict[str, str], mirrored: bool) -> None:

@@ -40,6 +40,44 @@ def train_job(x: tp.ListNumpy.Placeholder((BATCH, 20), dtype=flow.float),
     return loss, logits
 
 
+# What the watch handlers saw, by their annotation: each is the whole batch's logits
+watched: dict[str, list] = {"numpy": [], "list": [], "blob": []}
+
+
+def keep_whole(v: tp.Numpy):
+    watched["numpy"].append(v)                           # the ranks' arrays joined
+
+
+def keep_listed(v: tp.ListNumpy):
+    assert len(v) == DEVICES
+    watched["list"].append(np.concatenate(v))
+
+
+def keep_blob(v):
+    assert v.parallel_num() == DEVICES
+    watched["blob"].append(np.concatenate(v.numpy_list()))
+
+
+@flow.global_function(function_config=config)
+def eval_job(x: tp.ListNumpy.Placeholder((BATCH, 20), dtype=flow.float)) -> tp.Numpy:
+    logits = mlp(x)
+    flow.watch(logits, keep_whole)
+    return logits
+
+
+@flow.global_function(function_config=config)
+def old_api_job(x: tp.ListNumpy.Placeholder((BATCH, 20), dtype=flow.float)):
+    logits = mlp(x)
+    flow.watch(logits, keep_listed)
+    flow.watch(logits, keep_blob)
+    return logits, flow.math.reduce_mean(logits)
+
+
+@flow.global_function(function_config=config)
+def scalar_job(x: tp.ListNumpy.Placeholder((BATCH, 20), dtype=flow.float)) -> tp.Numpy:
+    return flow.math.reduce_mean(mlp(x))
+
+
 rng = np.random.default_rng(3)
 losses, logits = [], []
 for _ in range(4):
@@ -59,6 +97,27 @@ if DEVICES > 1:        # smaller arrays than the placeholder's: refused on sever
         train_job([xs[0][:4], xs[1][:4]], [ys[0][:4], ys[1][:4]])
     except ValueError as err:
         print("smaller refused:", "must have shape (16, 20)" in str(err), flush=True)
+# Results of a mirrored job in one array: tp.Numpy and the old API's LocalBlob join the ranks' arrays
+xs = [rng.standard_normal((PER_DEVICE, 20)).astype(np.float32) for _ in range(2)]
+feed = xs if DEVICES > 1 else [np.concatenate(xs)]
+evaluated = eval_job(feed)
+blob, mean = old_api_job(feed).get()
+assert blob.parallel_num() == DEVICES and len(blob.numpy_list()) == DEVICES
+if DEVICES > 1:
+    np.testing.assert_array_equal(blob.numpy(1), blob.numpy_list()[1])
+    np.testing.assert_array_equal(blob.numpy(), np.concatenate(blob.numpy_list()))
+    try:
+        scalar_job(feed)
+    except ValueError as err:
+        print("scalar refused:", "tp.ListNumpy" in str(err) and "scalar on each of its 2 ranks" in str(err), flush=True)
+    means = mean.numpy_list()            # each rank's mean over its own batch: their mean is the whole's
+    mean_of_all = np.mean(means)
+else:
+    mean_of_all = mean.numpy()
+np.testing.assert_array_equal(evaluated, blob.numpy())
+results = dict(evaluated=evaluated, old_api=np.asarray(blob), mean=mean_of_all,
+               **{f"watched:{k}": v[0] for k, v in watched.items()})
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
-np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), **{f"var:{k}": v for k, v in values.items()})
+np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), **results,
+         **{f"var:{k}": v for k, v in values.items()})
 print("mirrored: done", flush=True)
