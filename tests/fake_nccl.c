@@ -4,9 +4,13 @@
  * every call completes before it returns, as the emulator's streams do.
  *
  * It checks what real NCCL would refuse or hang on: ranks that disagree about the communicator,
- * a group left open, a send without its matching receive.  Each call is appended to the emulator's
- * host log (emu_host_record), after the host step's and the engine's calls.
- * FLOWC_FAKE_NCCL_FAIL=<name> makes that entry point fail with ncclSystemError (2). */
+ * a group left open, a send without its matching receive, a config that is not NCCL 2.14's.  A
+ * nonblocking communicator (config.blocking = 0, the engine's) behaves as NCCL's may: its start
+ * and every collective return ncclInProgress (7) and are done only after ncclCommGetAsyncError has
+ * been asked twice; a call on it before then is refused, as NCCL forbids it.  Each call is appended
+ * to the emulator's host log (emu_host_record), after the host step's and the engine's calls.
+ * FLOWC_FAKE_NCCL_FAIL=<name> makes that entry point fail with ncclSystemError (2);
+ * FLOWC_FAKE_NCCL_STALL_RANK=<r>: rank r's start never completes (a rank that never joins). */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,13 +22,19 @@ void emu_host_record(const char* line);
 void emu_mark_written(void* p, size_t n);
 
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef struct { MPI_Comm comm; int ranks, rank; } fake_comm;
+/* NCCL 2.14's ncclConfig_t; later releases only add fields at its end (read by their version) */
+typedef struct { size_t size; unsigned int magic; unsigned int version; int blocking; } fake_config;
+/* `starting`: the start's MPI steps (a nonblocking dup, then rank 0's id broadcast on it) are in
+ * flight; `polls`: how many more ncclCommGetAsyncError calls an operation in progress needs */
+typedef struct { MPI_Comm comm; int ranks, rank, nonblocking, starting, stalled, polls;
+                 MPI_Request request; char id[128], first[128]; } fake_comm;
 typedef fake_comm* ncclComm_t;
-enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, FLOAT32 = 7, SUM = 0 };
+enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7, FLOAT32 = 7,
+       SUM = 0 };
 #define MAX_PENDING 256
 
 static struct { int open; int count; MPI_Request requests[MAX_PENDING]; void* recv[MAX_PENDING];
-                size_t bytes[MAX_PENDING]; } group;
+                size_t bytes[MAX_PENDING]; ncclComm_t comm; } group;
 
 static void note(const char* what, size_t count) {
   char line[128];
@@ -48,57 +58,100 @@ int ncclGetUniqueId(ncclUniqueId* id) {
   return SUCCESS;
 }
 
-int ncclCommInitRank(ncclComm_t* out, int ranks, ncclUniqueId id, int rank) {
+/* A call on a nonblocking communicator: in progress until asked twice (NCCL's may return at once or later) */
+static int queued(ncclComm_t c) {
+  if (!c->nonblocking) return SUCCESS;
+  c->polls = 2;
+  return IN_PROGRESS;
+}
+
+/* NCCL refuses (or worse) a call on a communicator whose last call is still in progress */
+static int busy(ncclComm_t c) {
+  if (c->starting || c->stalled || c->polls) {
+    note("called while in progress", 0);
+    return 1;
+  }
+  return 0;
+}
+
+/* The start's next MPI step, if the last is done: SUCCESS once every rank has rank 0's id */
+static int advance_start(ncclComm_t c) {
+  int done = 0;
+  MPI_Test(&c->request, &done, MPI_STATUS_IGNORE);
+  if (!done) return IN_PROGRESS;
+  if (c->starting == 1) {            /* the dup is made: broadcast rank 0's id on it */
+    memcpy(c->first, c->id, sizeof c->first);
+    MPI_Ibcast(c->first, (int)sizeof c->first, MPI_CHAR, 0, c->comm, &c->request);
+    c->starting = 2;
+    return IN_PROGRESS;
+  }
+  c->starting = 0;
+  note("CommInitRankConfig done", (size_t)c->ranks);
+  return memcmp(c->first, c->id, sizeof c->first) == 0 ? SUCCESS : INVALID_USAGE;   /* every rank had rank 0's id */
+}
+
+int ncclCommInitRankConfig(ncclComm_t* out, int ranks, ncclUniqueId id, int rank, fake_config* config) {
   int size, me;
-  if (fails("ncclCommInitRank")) return SYSTEM_ERROR;
+  if (fails("ncclCommInitRankConfig")) return SYSTEM_ERROR;
+  if (config == NULL || config->size < sizeof(fake_config) || config->magic != 0xcafebeef ||
+      config->version < 21400)
+    return INVALID_ARGUMENT;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   if (ranks != size || rank != me) return INVALID_ARGUMENT;
-  /* every rank must have been given rank 0's id */
-  char first[128];
-  memcpy(first, id.internal, sizeof first);
-  MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
-  if (memcmp(first, id.internal, sizeof first) != 0) return INVALID_USAGE;
   fake_comm* c = (fake_comm*)calloc(1, sizeof *c);
-  MPI_Comm_dup(MPI_COMM_WORLD, &c->comm);
   c->ranks = ranks;
   c->rank = rank;
+  c->nonblocking = config->blocking == 0;
+  memcpy(c->id, id.internal, sizeof c->id);
   *out = c;
-  note("CommInitRank", (size_t)ranks);
-  return SUCCESS;
+  note("CommInitRankConfig", (size_t)ranks);
+  const char* stall = getenv("FLOWC_FAKE_NCCL_STALL_RANK");
+  if (stall && atoi(stall) == rank) {      /* this rank never joins: its start stays in progress */
+    c->stalled = 1;
+    return IN_PROGRESS;
+  }
+  MPI_Comm_idup(MPI_COMM_WORLD, &c->comm, &c->request);
+  c->starting = 1;
+  if (c->nonblocking) return IN_PROGRESS;
+  int r;
+  while ((r = advance_start(c)) == IN_PROGRESS) {}
+  return r;
 }
 
 int ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, ncclComm_t c, void* stream) {
   (void)stream;
   if (fails("ncclAllReduce")) return SYSTEM_ERROR;
-  if (type != FLOAT32 || op != SUM || group.open) return INVALID_USAGE;
+  if (type != FLOAT32 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
   note("AllReduce", count);
   MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, MPI_FLOAT, MPI_SUM, c->comm);
   emu_mark_written(recv, count * sizeof(float));
-  return SUCCESS;
+  return queued(c);
 }
 
 int ncclAllGather(const void* send, void* recv, size_t count, int type, ncclComm_t c, void* stream) {
   (void)stream;
-  if (type != FLOAT32 || group.open) return INVALID_USAGE;
+  if (type != FLOAT32 || group.open || busy(c)) return INVALID_USAGE;
   note("AllGather", count);
   MPI_Allgather(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, c->comm);
   emu_mark_written(recv, count * sizeof(float) * (size_t)c->ranks);
-  return SUCCESS;
+  return queued(c);
 }
 
 int ncclReduceScatter(const void* send, void* recv, size_t count, int type, int op, ncclComm_t c, void* stream) {
   (void)stream;
-  if (type != FLOAT32 || op != SUM || group.open) return INVALID_USAGE;
+  if (type != FLOAT32 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
   note("ReduceScatter", count);
   MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, c->comm);
   emu_mark_written(recv, count * sizeof(float));
-  return SUCCESS;
+  return queued(c);
 }
 
 static int post(int receive, void* buf, size_t count, int type, int peer, ncclComm_t c) {
-  if (type != FLOAT32 || !group.open || group.count >= MAX_PENDING || peer < 0 || peer >= c->ranks)
+  if (type != FLOAT32 || !group.open || group.count >= MAX_PENDING || peer < 0 || peer >= c->ranks || busy(c) ||
+      (group.comm && group.comm != c))
     return INVALID_USAGE;
+  group.comm = c;
   int i = group.count++;
   group.recv[i] = receive ? buf : NULL;
   group.bytes[i] = count * sizeof(float);
@@ -125,6 +178,7 @@ int ncclGroupStart(void) {
   if (group.open) return INVALID_USAGE;
   group.open = 1;
   group.count = 0;
+  group.comm = NULL;
   return SUCCESS;
 }
 
@@ -135,18 +189,26 @@ int ncclGroupEnd(void) {
     if (group.recv[i]) emu_mark_written(group.recv[i], group.bytes[i]);
   group.open = 0;
   note("GroupEnd", (size_t)group.count);
-  return SUCCESS;
+  return group.comm ? queued(group.comm) : SUCCESS;
 }
 
 int ncclCommGetAsyncError(ncclComm_t c, int* async) {
-  (void)c;
-  *async = fails("async") ? SYSTEM_ERROR : SUCCESS;
+  if (c->stalled) {
+    *async = IN_PROGRESS;
+  } else if (c->starting) {
+    *async = advance_start(c);
+  } else if (c->polls) {
+    *async = --c->polls ? IN_PROGRESS : SUCCESS;
+  } else {
+    *async = fails("async") ? SYSTEM_ERROR : SUCCESS;
+  }
   return SUCCESS;
 }
 
 int ncclCommAbort(ncclComm_t c) {
   note("CommAbort", 0);
-  MPI_Comm_free(&c->comm);
+  /* a start still in flight leaves its MPI steps pending: the communicator is left to MPI's end */
+  if (!c->stalled && !c->starting) MPI_Comm_free(&c->comm);
   free(c);
   return SUCCESS;
 }

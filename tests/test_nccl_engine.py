@@ -120,7 +120,7 @@ def test_two_emulated_gpus_train_the_hybrid_mlp_as_the_logical_job(optimizer):
     ({"FLOWC_FAKE_NCCL_FAIL": "async", "FLOWC_FAKE_STREAM_BUSY": "5"}, 900001,
      "NCCL reported an error in the step's collectives"),
     ({"FLOWC_FAKE_STREAM_BUSY": "1000000000", "FLOWC_COMM_TIMEOUT": "1"}, 900002,
-     "a collective did not complete within FLOWC_COMM_TIMEOUT seconds"),
+     "a collective: did not complete within FLOWC_COMM_TIMEOUT (1 s)"),
     # the step stops between a bucket's start and its wait, for a reason of its own (no engine error):
     # the bucket's sum may still wait for peers that went on
     ({"FLOWC_TEST_STEP_STOPS_AFTER_START": "1"}, 7, ""),
@@ -139,12 +139,16 @@ def test_an_nccl_failure_stops_the_step_with_the_reason(env, code, reason):
 @pytest.mark.parametrize("env, message", [
     ({"FLOWC_FAKE_NCCL_FAIL": "ncclGetUniqueId"},
      "NCCL could not start (rank 0: ncclGetUniqueId: unhandled system error"),
-    ({"FLOWC_FAKE_NCCL_FAIL": "ncclCommInitRank"},
-     "NCCL could not start on rank 1 of 2: ncclCommInitRank: unhandled system error"),
-    # one host without NCCL: the other rank must not go on into ncclCommInitRank, which would wait for ever
+    ({"FLOWC_FAKE_NCCL_FAIL": "ncclCommInitRankConfig"},
+     "NCCL could not start on rank 1 of 2: ncclCommInitRankConfig: unhandled system error"),
+    # one host without NCCL: the other rank must not go on into NCCL's start, to wait there for it
     ({"FLOWC_TEST_NCCL_MISSING_ON": "1"},
      "NCCL could not start (rank 1: DistributedError: FLOWC_NCCL='/nonexistent/libnccl.so.2' is not a file"),
-], ids=["unique_id", "init", "missing_on_one_rank"])
+    # a rank that never joins (it stopped, or NCCL cannot connect the hosts): the start is polled, then aborted
+    ({"FLOWC_FAKE_NCCL_STALL_RANK": "1", "FLOWC_COMM_TIMEOUT": "1"},
+     "NCCL could not start on rank 0 of 2: ncclCommInitRankConfig: did not complete within FLOWC_COMM_TIMEOUT "
+     "(1 s): a rank did not join the communicator"),
+], ids=["unique_id", "init", "missing_on_one_rank", "a_rank_never_joins"])
 def test_a_bootstrap_failure_is_an_error_on_every_rank(env, message):
     proc = _run_ranks("sgd", "1", env=env)
     assert proc.returncode != 0

@@ -7,11 +7,16 @@
 // broadcast) and hands the generated step the table `flowc_nccl_fill` writes.  NCCL itself is
 // opened with dlopen from the path the runtime found (the nvidia-nccl-cu12 wheel, $FLOWC_NCCL or
 // the system's libnccl.so.2), so neither this file nor a step needs nccl.h; the few declarations
-// below are NCCL's stable ABI (2.x).
+// below are NCCL's stable ABI (2.14 and later).
+//
+// The communicator is nonblocking: its start and any call that must still connect the ranks return
+// at once (ncclInProgress), and the engine polls them with FLOWC_COMM_TIMEOUT, so a rank that never
+// joins is an error on the others, not a wait without end inside NCCL.
 //
 // Under the CUDA emulator (tests: FLOWC_CUDA_EMULATOR, with the CUDA runtime subset of
 // tests/fake_cudart.h) the same code runs on the CPU against a fake NCCL over MPI.
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,10 +40,21 @@ constexpr ncclResult_t kNcclInProgress = 7;
 constexpr int kNcclFloat32 = 7;      // ncclDataType_t
 constexpr int kNcclSum = 0;          // ncclRedOp_t
 
+// NCCL 2.14's ncclConfig_t (ncclConfig_v21400). NCCL reads the fields of the version a caller
+// declares, so this layout stays valid in later releases, whose struct only grew at its end.
+struct NcclConfig {
+  size_t size = sizeof(NcclConfig);
+  unsigned int magic = 0xcafebeef;   // NCCL_API_MAGIC
+  unsigned int version = 21400;      // NCCL_VERSION(2, 14, 0)
+  int blocking = 0;                  // calls return ncclInProgress instead of waiting
+  int unset = INT_MIN;               // 2.14's tail padding: NCCL_CONFIG_UNDEF_INT where later releases read it
+};
+static_assert(sizeof(NcclConfig) == 24, "ncclConfig_v21400 is 24 bytes");
+
 struct Nccl {
   void* handle = nullptr;
   ncclResult_t (*GetUniqueId)(ncclUniqueId*) = nullptr;
-  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, NcclConfig*) = nullptr;
   ncclResult_t (*AllReduce)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*AllGather)(const void*, void*, size_t, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*ReduceScatter)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
@@ -72,7 +88,7 @@ bool load(const char* path, Nccl* nccl, char* error, int error_len) {
   }
   nccl->handle = handle;
   return symbol(handle, "ncclGetUniqueId", &nccl->GetUniqueId, error, error_len) &&
-         symbol(handle, "ncclCommInitRank", &nccl->CommInitRank, error, error_len) &&
+         symbol(handle, "ncclCommInitRankConfig", &nccl->CommInitRankConfig, error, error_len) &&
          symbol(handle, "ncclAllReduce", &nccl->AllReduce, error, error_len) &&
          symbol(handle, "ncclAllGather", &nccl->AllGather, error, error_len) &&
          symbol(handle, "ncclReduceScatter", &nccl->ReduceScatter, error, error_len) &&
@@ -90,6 +106,14 @@ double now_seconds() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// A poll loop's pause: past a short spin (the awaited work is usually nearly done), yield the core.
+void pause_after(int spins) {
+  if (spins > 1000) {
+    timespec pause = {0, 50000};
+    nanosleep(&pause, nullptr);
+  }
 }
 
 struct Bucket {
@@ -130,6 +154,39 @@ int nccl_failed(Engine* e, const char* what, ncclResult_t r) {
 
 int cuda_failed(Engine* e, const char* what, cudaError_t r) { return failed(e, what, cudaGetErrorString(r)); }
 
+// Abort the communicator: NCCL's kernels still waiting for a lost peer return, and every later
+// call of this engine fails (the runtime stops the job).
+void abort_comm(Engine* e) {
+  if (e->comm) e->nccl.CommAbort(e->comm);
+  e->comm = nullptr;
+}
+
+int timed_out(Engine* e, const char* what, const char* why) {
+  abort_comm(e);
+  e->broken = true;
+  char detail[256];
+  snprintf(detail, sizeof detail, "did not complete within FLOWC_COMM_TIMEOUT (%g s)%s", e->timeout_seconds, why);
+  say(e->error, (int)sizeof e->error, what, detail);
+  return FLOWC_COMM_ERROR_TIMEOUT;
+}
+
+// The end of a call that returned `n`. On the nonblocking communicator a call returns ncclInProgress
+// while NCCL still works on it (its start; a first collective that connects the ranks), and nothing
+// may be queued on the communicator or its streams before it is done: poll its state, up to the
+// timeout (then abort: a rank never came). 0, or the error code with the reason in e->error.
+int finish(Engine* e, const char* what, ncclResult_t n, const char* why_late = "") {
+  const double start = now_seconds();
+  for (int spins = 0; n == kNcclInProgress; ++spins) {
+    ncclResult_t state = kNcclInProgress;
+    ncclResult_t r = e->nccl.CommGetAsyncError(e->comm, &state);
+    n = r != kNcclSuccess ? r : state;
+    if (n != kNcclInProgress) break;
+    if (e->timeout_seconds > 0 && now_seconds() - start > e->timeout_seconds) return timed_out(e, what, why_late);
+    pause_after(spins);
+  }
+  return n == kNcclSuccess ? 0 : nccl_failed(e, what, n);
+}
+
 int comm_start(void* ctx, int b, int count, const float* const* grads, const int64_t* sizes, void* stream_) {
   Engine* e = static_cast<Engine*>(ctx);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
@@ -163,7 +220,7 @@ int comm_start(void* ctx, int b, int count, const float* const* grads, const int
   if (r == cudaSuccess) r = cudaStreamWaitEvent(e->stream, k.ready, 0);
   if (r != cudaSuccess) return cuda_failed(e, "ordering a bucket's sum after its gradients", r);
   ncclResult_t n = e->nccl.AllReduce(k.data, k.data, total, kNcclFloat32, kNcclSum, e->comm, e->stream);
-  if (n != kNcclSuccess && n != kNcclInProgress) return nccl_failed(e, "ncclAllReduce", n);
+  if (int f = finish(e, "ncclAllReduce", n)) return f;
   r = cudaEventRecord(k.done, e->stream);
   if (r != cudaSuccess) return cuda_failed(e, "marking a bucket's sum", r);
   k.started = true;
@@ -219,15 +276,7 @@ int comm_exchange(void* ctx, int kind, const float* in, float* out, int64_t coun
     default:
       return failed(e, "a step asked for an exchange the engine does not know");
   }
-  if (n != kNcclSuccess && n != kNcclInProgress) return nccl_failed(e, "a model-parallel exchange", n);
-  return 0;
-}
-
-// Abort the communicator: NCCL's kernels still waiting for a lost peer return, and every later
-// call of this engine fails (the runtime stops the job).
-void abort_comm(Engine* e) {
-  if (e->comm) e->nccl.CommAbort(e->comm);
-  e->comm = nullptr;
+  return finish(e, "a model-parallel exchange", n);
 }
 
 // NCCL's asynchronous error on the communicator (aborting it), or 0.
@@ -255,15 +304,9 @@ int comm_settle(void* ctx, void* stream_) {
       e->broken = true;
       return (int)q;
     }
-    if (e->timeout_seconds > 0 && now_seconds() - start > e->timeout_seconds) {
-      abort_comm(e);
-      say(e->error, (int)sizeof e->error, "a collective did not complete within FLOWC_COMM_TIMEOUT seconds", nullptr);
-      return FLOWC_COMM_ERROR_TIMEOUT;
-    }
-    if (spins > 1000) {           // past a short spin (the step is usually nearly done), yield the core
-      timespec pause = {0, 50000};
-      nanosleep(&pause, nullptr);
-    }
+    if (e->timeout_seconds > 0 && now_seconds() - start > e->timeout_seconds)
+      return timed_out(e, "a collective", "");
+    pause_after(spins);
   }
   for (Bucket& k : e->buckets) {
     if (!k.timed) continue;
@@ -298,7 +341,7 @@ extern "C" {
 
 // Can this process open NCCL at `library` and find every entry point the engine calls?  0, or the
 // reason in `error`.  Every rank asks before any starts NCCL: a rank that could not would leave the
-// others inside ncclCommInitRank, which has no timeout.
+// others in NCCL's start until FLOWC_COMM_TIMEOUT.
 int flowc_nccl_check(const char* library, char* error, int error_len) {
   Nccl nccl;
   return load(library, &nccl, error, error_len) ? 0 : FLOWC_COMM_ERROR_FAILED;
@@ -350,10 +393,13 @@ void* flowc_nccl_open(const char* library, const void* id, int ranks, int rank, 
   }
   ncclUniqueId unique;
   memcpy(unique.internal, id, sizeof unique.internal);
-  ncclResult_t n = e->nccl.CommInitRank(&e->comm, ranks, unique, rank);
-  if (n != kNcclSuccess) {
-    say(error, error_len, "ncclCommInitRank", e->nccl.GetErrorString(n));
-    e->comm = nullptr;
+  NcclConfig config;
+  ncclResult_t n = e->nccl.CommInitRankConfig(&e->comm, ranks, unique, rank, &config);
+  // e->comm stays null unless NCCL made a communicator: a failed start's is aborted by destroy
+  if (finish(e, "ncclCommInitRankConfig", n,
+             ": a rank did not join the communicator (it stopped, or NCCL cannot connect the hosts: "
+             "NCCL_DEBUG=INFO shows why)")) {
+    say(error, error_len, e->error, nullptr);
     destroy(e);
     return nullptr;
   }
