@@ -80,11 +80,24 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
             # a rank that stops at a NaN leaves the others waiting in the step's sums
             raise UnsupportedError(f"{where}: function_config().check_numerics on {ranks} ranks is not supported "
                                    "yet: run the job in one process to find the NaN")
+        if ctx.logical_view == "mirrored":
+            _check_mirrored_inputs(placeholders, ranks, where)
         split = _split_variables(ctx, ranks)
         _warn_device_placements(ctx, ranks)
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
                                          mirrored=ctx.logical_view == "mirrored", split_variables=split)
     return TracedJob(graph, layout, optimizer, watches, distribution)
+
+
+def _check_mirrored_inputs(placeholders: Sequence, ranks: int, where: str) -> None:
+    """In the mirrored view each rank runs its own batch: its inputs come one array per device
+    (tp.ListNumpy), not as a global batch for flowc to split (that is the consistent view)."""
+    for p in placeholders:
+        if getattr(p, "kind", "numpy") == "numpy":
+            raise TraceError(f"{where}: placeholder {p.name!r} is a tp.Numpy.Placeholder in the mirrored view on "
+                             f"{ranks} ranks, where each device runs its own batch: declare it "
+                             "tp.ListNumpy.Placeholder (one array per device), or use the consistent view, which "
+                             "splits a tp.Numpy input's global batch over the ranks")
 
 
 def _input_attrs(index: int, placeholder: Any) -> dict[str, Any]:

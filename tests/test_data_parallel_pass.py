@@ -437,3 +437,21 @@ def test_a_placeholder_without_a_batch_axis_is_whole_on_every_rank_and_another_a
 
     with pytest.raises(flow.TraceError, match=r"placeholder 'x' of shape \[4, 8\] has batch_axis=1: .*axis 0 only"):
         assert columns.graph is None
+
+
+def test_a_numpy_placeholder_in_the_mirrored_view_on_several_ranks_is_refused_naming_it():
+    """Each rank of a mirrored-view job runs its own batch, given as one tp.ListNumpy array per device;
+    a tp.Numpy placeholder (a global batch) there was split by the runtime into a share the rank's graph
+    did not expect, a NumPy broadcasting error at the call."""
+    on_ranks(2)
+    config = flow.function_config()
+    config.default_logical_view(flow.scope.mirrored_view())
+
+    @flow.global_function(function_config=config)
+    def summed(x: tp.Numpy.Placeholder((B, 3), dtype=flow.float)) -> tp.ListNumpy:
+        return flow.math.reduce_sum(x, axis=[1])
+
+    with pytest.raises(flow.TraceError, match=r"job function 'summed' \(test_data_parallel_pass.py:\d+\): placeholder "
+                                              r"'x' is a tp.Numpy.Placeholder in the mirrored view on 2 ranks.*"
+                                              r"tp.ListNumpy.Placeholder"):
+        assert summed.graph is None
