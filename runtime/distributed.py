@@ -399,7 +399,7 @@ class DistributedStep(LoadedStep):
         # Non-blocking: the master starts its own share at once instead of waiting, in a large message's
         # rendezvous, for each worker to be ready to receive.
         sends = [cluster.control.Isend(share, dest=rank, tag=DATA_TAG)
-                 for rank in range(1, cluster.ranks) for share in shards[rank]]
+                 for rank in range(1, len(shards)) for share in shards[rank]]      # none: a job without inputs
         try:
             local = self.inner.compute(slot)
         except DistributedError as err:

@@ -1,6 +1,6 @@
 """A consistent-view test program with placeholders declared without a batch axis
 (`batch_axis=None`): OneFlow gives such an input whole to every device, and splits the others
-along their batch axis.
+along their batch axis.  Also a job without any placeholder.
 
     python whole_inputs.py OUT.npz                  # one process
     mpiexec -n 2 python whole_inputs.py OUT.npz     # two ranks: x and y split, scale and table whole
@@ -36,6 +36,12 @@ def train_job(x: tp.Numpy.Placeholder((BATCH, 20), dtype=flow.float),
     return loss, logits, flow.math.reduce_sum(table * table)      # the last: from whole inputs only
 
 
+@flow.global_function()
+def no_inputs_job() -> tp.Numpy:          # no placeholder at all: nothing to split or send
+    bias = flow.get_variable("output-bias", shape=(10,), initializer=flow.zeros_initializer())
+    return bias * 2.0
+
+
 rng = np.random.default_rng(5)
 losses, logits, squares = [], [], []
 for _ in range(4):
@@ -48,7 +54,9 @@ for _ in range(4):
     logits.append(out)
     squares.append(square)
     np.testing.assert_allclose(square, np.sum(table * table), rtol=1e-5)
+doubled = no_inputs_job()
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
-np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), squares=np.stack(squares),
+np.testing.assert_array_equal(doubled, 2 * values["output-bias"])
+np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), squares=np.stack(squares), doubled=doubled,
          **{f"var:{k}": v for k, v in values.items()})
 print("whole_inputs: done", flush=True)
