@@ -50,6 +50,7 @@ import numpy as np
 from flowc.compiler.errors import FlowError
 from flowc.compiler.ir import TensorType, numpy_dtype
 from flowc.runtime.devices import sync_to_device
+from flowc.runtime.world import detect_world
 
 SNAPSHOT_DONE = "snapshot_done"
 TRAIN_STEP_PREFIX = "System-Train-TrainStep-"
@@ -301,6 +302,10 @@ def save(session, path: str | os.PathLike, var_dict: dict[str, Any] | None = Non
     """Write every variable of `session` (and its train step counters) to a fresh folder `path`, or,
     given `var_dict`, exactly its entries (name -> array or object with `.numpy()`) and nothing else."""
     path = os.path.abspath(os.fspath(path))
+    if not detect_world().is_master:
+        # A worker of a distributed run, before its first job call (after it, only the master runs the
+        # script): the master writes the logical variables, once; two ranks writing would race.
+        return
     _check_fresh(path)
     session.sync("flow.checkpoint.save()")        # the values after every call made so far
     entries = _dict_entries(var_dict) if var_dict is not None else _session_entries(session)

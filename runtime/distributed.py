@@ -77,6 +77,7 @@ class Cluster:
         # (host, pid) of every rank, for the watchdog (a collective: every rank makes its cluster at once)
         self.peers: list[tuple[str, int]] = self.control.allgather((socket.gethostname(), os.getpid()))
         self.job = "the script"          # what this rank runs, for the watchdog's message
+        self.serving = False             # a worker runs the master's steps (it reached its first job call)
         threading.Thread(target=self._watch, name="flowc-rank-watchdog", daemon=True).start()
 
     def _watch(self) -> None:
@@ -135,11 +136,33 @@ class Cluster:
                 spins += 1
                 if spins > 2000:     # past a short spin (a step's answer is usually just behind), yield the core
                     time.sleep(0.0005)
-        return control.recv(source=source, tag=CONTROL_TAG)
+        message = control.recv(source=source, tag=CONTROL_TAG)
+        if message[0] == "ended":            # the worker is gone (end_if_no_job_call): no rank may wait for it
+            self.broken = message[1]
+            raise DistributedError(message[1])
+        return message
 
     def waited_seconds(self) -> float:
         """Seconds this rank's steps spent waiting for gradient sums, over every step so far."""
         return sum(e.waited_seconds() for e in self.engines)
+
+    def end_if_no_job_call(self) -> None:
+        """At a worker's exit: one whose script ended or raised before its first job call, after this
+        cluster was made (an early get_all_variables() or checkpoint call traces the jobs), tells the
+        master why and ends at once.  Left to MPI's end it would wait there for the master, and the
+        master for its answer, until FLOWC_COMM_TIMEOUT."""
+        if self.serving or self.world.is_master:
+            return
+        error = getattr(sys, "last_value", None)         # the uncaught exception Python just printed
+        why = f"{type(error).__name__}: {error}" if error is not None else "its script ended"
+        text = (f"rank {self.world.rank} stopped before its first job call ({why}); every rank must make the "
+                "same job calls")
+        sys.stderr.write(f"flowc: {text}\n")
+        sys.stderr.flush()
+        try:
+            self.control.send(("ended", text), dest=0)     # a small message: sent without the master's receive
+        finally:
+            os._exit(1)
 
     # -- the master's side ------------------------------------------------------------------
     def send_variables(self, session: Session) -> None:
@@ -208,6 +231,7 @@ class Cluster:
     def serve(self, session: Session) -> None:
         """Run the master's steps until it says exit; then end this process (a worker never goes back
         to the script: only the master prints, saves and fires callbacks)."""
+        self.serving = True
         served: dict[str, tuple[LoadedStep, list[np.ndarray]]] = {}     # job -> its step and input buffers
         # The master's values of variables no job has declared here yet (a worker traces a job only at
         # its first step): written as soon as a traced job declares them.
@@ -350,7 +374,9 @@ class DistributedStep(LoadedStep):
                     # never drop the rows a slice would leave out
                     raise DistributedError(f"job {self.job_name!r}: input {graph.node(p).name or p!r} of shape "
                                            f"{list(a.shape)} does not split along axis 0 over {ranks} ranks")
-            shards = [[part if borrowed and part.flags.c_contiguous else np.array(part)
+            # each share a C-ordered copy unless borrowed as one: the workers receive raw bytes into
+            # row-major buffers (a Fortran-ordered share would arrive transposed)
+            shards = [[part if borrowed and part.flags.c_contiguous else np.array(part, order="C")
                        for part in (a if i in self.whole_inputs else a[r * n:(r + 1) * n]
                                     for i, (a, n) in enumerate(zip(typed, rows)))] for r in range(ranks)]
             self.inner.feed(slot, shards[0], scalars)
@@ -535,8 +561,7 @@ def join(session: Session, job_module: str | None = None) -> Cluster | None:
     session.cluster = cluster
     session.ranks = world.size
     _configure_buckets(session)
-    if world.is_master:
-        atexit.register(cluster.shutdown)
+    atexit.register(cluster.shutdown if world.is_master else cluster.end_if_no_job_call)
     return cluster
 
 

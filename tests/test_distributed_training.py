@@ -262,6 +262,31 @@ def test_a_rank_that_ends_before_its_first_job_call_stops_the_others(how, tmp_pa
     assert not (tmp_path / "x.npz").exists()
 
 
+def test_a_checkpoint_saved_before_the_first_job_call_is_written_by_the_master_alone(tmp_path):
+    # before its first job call a worker still runs the script: both ranks wrote the folder, and one failed
+    run(1, "mlp", "1", str(tmp_path / "one.npz"), "--save-before-call", str(tmp_path / "one"))
+    run(2, "mlp", "1", str(tmp_path / "two.npz"), "--save-before-call", str(tmp_path / "two"))
+    from flowc.runtime.checkpoint import read_checkpoint
+    one, two = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
+    assert sorted(one) == sorted(two) and any(name.endswith("-weight") for name in one)
+    for name in one:
+        np.testing.assert_array_equal(two[name].numpy(), one[name].numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("how", ["1:raise", "1:exit"])
+def test_a_worker_that_ends_after_an_early_trace_but_before_its_first_call_stops_the_master(how, tmp_path):
+    # the checkpoint call traces the jobs, which makes the cluster: the arrival check is past, and the worker
+    # waited in MPI's end for the master, which waited for its answer until FLOWC_COMM_TIMEOUT
+    proc = subprocess.run(command(2, "mlp", "2", str(tmp_path / "x.npz"), "--save-before-call", str(tmp_path / "c"),
+                                  "--end-before-call", how, cleanup=False),
+                          capture_output=True, text=True, timeout=120, env=environment("60"))
+    assert proc.returncode != 0
+    why = "FileNotFoundError: rank 1 cannot find its data" if how == "1:raise" else "its script ended"
+    assert f"rank 1 stopped before its first job call ({why})" in proc.stderr, proc.stderr
+    assert "did not answer within FLOWC_COMM_TIMEOUT" not in proc.stderr
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_nan_inf_and_negative_zero_cross_every_exchange_as_in_one_process(tmp_path):
     """all_gather, reduce_scatter, all_to_all and all_reduce on 2 ranks (tests/distributed/special_values.py):
     the same bits as one process, NaN, ±Inf and -0.0 included."""

@@ -17,6 +17,8 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
                               it reads the variables whole, which the train job holds in slices
     --end-before-call R:HOW   rank R never reaches the first job call: HOW is "raise" (an error at once) or
                               "exit" (a normal end, 2 s later, while the other ranks wait for it)
+    --save-before-call DIR    a checkpoint of the initial variables, saved before the first job call (every
+                              rank still runs the script then: the master alone writes it)
 """
 import os
 import sys
@@ -127,6 +129,8 @@ for _ in range(int(option("--skip", 0))):
     batch(rng)
 if option("--load"):
     flow.load_variables(flow.checkpoint.get(option("--load")))
+if option("--save-before-call"):
+    flow.checkpoint.save(option("--save-before-call"))
 if "--announce" in OPTIONS:
     print(f"pid {RANK} {os.getpid()}", flush=True)
 if option("--end-before-call"):

@@ -49,6 +49,8 @@ for _ in range(4):
     y = rng.integers(0, 10, BATCH).astype(np.int32)
     scale = rng.uniform(0.5, 2.0, 20).astype(np.float32)
     table = rng.standard_normal((2, 10)).astype(np.float32)
+    if len(losses) % 2:        # column-major arrays: each rank's share must still be its rows, in order
+        x, table = np.asfortranarray(x), np.asfortranarray(table)
     loss, out, square = train_job(x, y, scale, table)
     losses.append(loss)
     logits.append(out)
