@@ -178,6 +178,26 @@ def test_an_op_that_needs_the_whole_batch_is_refused_with_its_line():
         _ = peak.graph
 
 
+def test_a_maximum_minimum_or_product_along_the_other_axes_stays_on_each_ranks_rows():
+    """Only a reduction over the batch axis needs the whole batch; reduce_max and its kin along the
+    other axes (a stable softmax, logsumexp) are computed by each rank on its rows, gradients included
+    (tests/distributed/row_reductions.py trains such a job on 2 ranks)."""
+    on_ranks(2)
+
+    @flow.global_function(type="train")
+    def rows(x: tp.Numpy.Placeholder((B, 3), dtype=flow.float)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        w = flow.get_variable("w", shape=(3,), initializer=flow.ones_initializer())
+        y = x * w
+        loss = flow.math.reduce_logsumexp(y, axis=[1])            # a reduce_max with keepdims inside
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss, flow.math.reduce_min(y, axis=[1]), flow.math.reduce_prod(y, axis=[1], keepdims=True)
+
+    graph = rows.graph
+    assert rows._traced.distribution.outputs == ["split", "split", "split"]
+    assert {n.type.shape for n in graph.nodes if n.op in ("reduce_max", "reduce_min")} == {(B // 2, 1), (B // 2,)}
+    assert [n.type.shape for n in all_reduces(graph)] == [(3,)]          # the weight's gradient alone
+
+
 def test_a_mirrored_job_keeps_each_ranks_batch_and_averages_the_gradients():
     on_ranks(2)
     config = flow.function_config()

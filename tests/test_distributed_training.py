@@ -117,6 +117,10 @@ def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_p
     assert "scalar refused: True" not in one and "scalar refused: True" in two
 
 
+def test_maxima_minima_and_products_along_the_other_axes_train_as_one_process(tmp_path):
+    one_and_two_ranks("row_reductions", tmp_path)
+
+
 def test_placeholders_without_a_batch_axis_reach_every_rank_whole(tmp_path):
     one_and_two_ranks("whole_inputs", tmp_path)
 

@@ -206,8 +206,11 @@ class _Layouts:
             decided = model_parallel.decide(self, n)
             if decided is not None:
                 return decided
-        if n.op in NOT_SPLITTABLE and any(self.seen(n, i) != BROADCAST for i in n.inputs):
-            raise _error(n, f"it computes {NOT_SPLITTABLE[n.op]}")
+        if n.op in NOT_SPLITTABLE and any(self.seen(n, i) != BROADCAST for i in n.inputs) and not self._by_rows(n):
+            what = NOT_SPLITTABLE[n.op]
+            if OPS[n.op].kind == "reduction" and 0 not in tuple(n.attr("axes")):
+                what = what.replace("over the batch axis", "across a value split over the ranks by columns")
+            raise _error(n, f"it computes {what}")
         kinds = {self.seen(n, i) for i in n.inputs}
         if kinds == {BROADCAST}:
             return BROADCAST
@@ -223,6 +226,12 @@ class _Layouts:
                 return BROADCAST
         self._split_fills(n)
         return self._split(n)
+
+    def _by_rows(self, n: Node) -> bool:
+        """A reduce_max, reduce_min or reduce_prod over axes other than the batch axis, of values split
+        by rows (or whole): each rank reduces its own rows, as reduce_sum does."""
+        return OPS[n.op].kind == "reduction" and 0 not in tuple(n.attr("axes")) and \
+            all(self.seen(n, i) in (SPLIT, BROADCAST) for i in n.inputs)
 
     def _model_variable(self, n: Node) -> str:
         shape = n.type.shape
@@ -252,6 +261,9 @@ class _Layouts:
         node = self.graph.node(i)
         if node.op in FILL_OPS:
             return node.op != "broadcast_to" or self._not_batch_shaped(node.inputs[0], node.type.shape)
+        if node.op == "reshape":        # a fill given other axes, its batch axis kept (keepdims: (B,) to (B, 1))
+            source = self.graph.node(node.inputs[0]).type.shape
+            return bool(source) and source[0] == node.type.shape[0] and self._fill(node.inputs[0])
         if OPS[node.op].kind != "pointwise" or node.op == "transpose":
             return False
         return all(self._not_batch_shaped(x, node.type.shape) or self._fill(x) for x in node.inputs)
@@ -270,7 +282,7 @@ class _Layouts:
         self.relabelled.add(i)
         if node.op not in FILL_OPS:
             for x in node.inputs:
-                if not self._not_batch_shaped(x, node.type.shape):
+                if node.op == "reshape" or not self._not_batch_shaped(x, node.type.shape):
                     self._relabel(x)
 
     def _partial(self, n: Node) -> str | None:
@@ -299,7 +311,7 @@ class _Layouts:
             return PARTIAL
         if n.op == "matmul":
             return self._matmul(n)
-        if OPS[n.op].kind == "reduction":      # reduce_sum; the others need the whole batch (NOT_SPLITTABLE)
+        if OPS[n.op].kind == "reduction":      # over the batch axis: reduce_sum only (the others: NOT_SPLITTABLE)
             if 0 in tuple(n.attr("axes")):
                 return PARTIAL
             return SPLIT
