@@ -333,7 +333,8 @@ def _compare(expected: tuple[list[str], list[str]], graph, rank: int) -> str | N
         return f"{lines[at]} @ {where[at]}" if at < len(where) else (lines[at] if at < len(lines) else "nothing")
     return (f"job {graph.name!r} differs between rank 0 and rank {rank} at op {at}: rank 0 has "
             f"{show(theirs, their_locations)}, rank {rank} has {show(mine, my_locations)} (every rank must run the "
-            "same script)")
+            "same script; a worker knows only the job functions defined before its first job call, so a job "
+            "defined again after that, after flow.clear_default_session() too, keeps its first definition there)")
 
 
 class DistributedStep(LoadedStep):
