@@ -182,7 +182,10 @@ class LocalBlob:
 
     @property
     def _array(self) -> np.ndarray:
-        return whole(self._whole)        # joined when first asked: a scalar per rank is an error only then
+        # joined when first asked, once (ndarray-like use asks often); a scalar per rank is an error only then
+        if isinstance(self._whole, PerRank):
+            self._whole = self._whole.joined()
+        return self._whole
 
     def numpy(self, parallel_id: int | None = None) -> np.ndarray:
         """The array (None), or device `parallel_id`'s array."""
