@@ -45,8 +45,7 @@ relu = _unary("relu", "flow.math.relu")
 
 
 def _reduce(op: str, api: str, argument: str, x, axis, keepdims: bool, name: str | None) -> Blob:
-    x = check_blob(x, api, argument)
-    ax = axes(x, axis, api)
+    x, ax = _reduce_args(x, axis, api, argument)
     if not ax:
         return x
     return emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api)
