@@ -83,3 +83,27 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     shares, _ = step._pending[id(slot)]
     np.testing.assert_array_equal(shares[1][1], labels)
     assert not np.shares_memory(shares[1][1], labels)      # a copy: the caller may reuse its array
+
+
+def dense_cross_entropy_job():
+    import flow.typing as tp
+
+    @flow.global_function(type="train")
+    def train_job(images: tp.Numpy.Placeholder((B, 1, 4, 4), dtype=flow.float),
+                  labels: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> tp.Numpy:
+        logits = plain_mlp(images)
+        smoothed = flow.one_hot(labels, depth=10, dtype=flow.float, on_value=0.91, off_value=0.01)
+        loss = flow.math.reduce_mean(flow.nn.softmax_cross_entropy_with_logits(smoothed, logits))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss
+    return train_job
+
+
+def test_a_mean_of_dense_cross_entropies_makes_each_ranks_share_of_its_gradient_seed():
+    """Regression: the loss gradient's seed broadcast from (B, 1) to (B, classes) was not seen as a
+    fill, and the job (ResNet's label-smoothed loss) was refused on several ranks."""
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((B, 1, 4, 4)).astype(np.float32), rng.integers(0, 10, B).astype(np.int32)]
+    local, distribution = check_equal(dense_cross_entropy_job, inputs)
+    seeds = [n for n in local.nodes if n.op == "broadcast_to" and n.type.shape == (B // 2, 10)]
+    assert seeds, "the seed is made for each rank's rows"

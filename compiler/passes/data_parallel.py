@@ -259,8 +259,10 @@ class _Layouts:
         """Is `i` computed from constants and runtime scalars only, with its batch axis made by a
         fill op (so that each rank can compute its share)?"""
         node = self.graph.node(i)
+        if node.op == "broadcast_to":    # of a value without the batch axis, or of a fill with it ((B, 1) to (B, K))
+            return self._not_batch_shaped(node.inputs[0], node.type.shape) or self._fill(node.inputs[0])
         if node.op in FILL_OPS:
-            return node.op != "broadcast_to" or self._not_batch_shaped(node.inputs[0], node.type.shape)
+            return True
         if node.op == "reshape":        # a fill given other axes, its batch axis kept (keepdims: (B,) to (B, 1))
             source = self.graph.node(node.inputs[0]).type.shape
             return bool(source) and source[0] == node.type.shape[0] and self._fill(node.inputs[0])
@@ -280,7 +282,7 @@ class _Layouts:
             raise _error(node, f"its batch axis {node.type.shape[0]} does not divide over {self.ranks} ranks")
         self.layout[i] = SPLIT
         self.relabelled.add(i)
-        if node.op not in FILL_OPS:
+        if node.op not in FILL_OPS or node.op == "broadcast_to":
             for x in node.inputs:
                 if node.op == "reshape" or not self._not_batch_shaped(x, node.type.shape):
                     self._relabel(x)
