@@ -52,8 +52,9 @@ def same(one: Path, two: Path) -> None:
         np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet"])
+@pytest.mark.parametrize("model", ["mlp", "lenet", "bn"])
 def test_two_ranks_train_as_one_process_on_the_same_global_batch(model, tmp_path):
+    """bn: batch normalisation, synchronised over the ranks in training, its moving averages in predict."""
     one = run(1, model, "4", str(tmp_path / "one.npz"))
     two = run(2, model, "4", str(tmp_path / "two.npz"))
     same(tmp_path / "one.npz", tmp_path / "two.npz")

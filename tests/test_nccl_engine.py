@@ -115,6 +115,16 @@ def test_two_emulated_gpus_train_the_hybrid_mlp_as_the_logical_job(optimizer):
 
 @needs_gxx
 @needs_mpi
+def test_two_emulated_gpus_train_synchronised_batch_norm_as_the_logical_job():
+    """The CUDA step gathers each batch norm's statistics through ncclAllGather in the forward pass,
+    and its input gradient divides by the whole batch's count."""
+    proc = _run_ranks("momentum", "3", "bn")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok: 3 steps on 2 ranks") == 1, proc.stdout
+
+
+@needs_gxx
+@needs_mpi
 @pytest.mark.parametrize("env, code, reason", [
     ({"FLOWC_FAKE_NCCL_FAIL": "ncclAllReduce"}, 900001, "ncclAllReduce: unhandled system error"),
     ({"FLOWC_FAKE_NCCL_FAIL": "async", "FLOWC_FAKE_STREAM_BUSY": "5"}, 900001,

@@ -34,7 +34,7 @@ class BatchNormGeometry:
     def batch_norm_context(self, k: Kernel, a, params: Params) -> dict:
         x = self.graph.node(a.inputs[0])  # type: ignore[attr-defined]
         outer, channels, inner = geometry(x.type.shape, a.attr("axis"))
-        ctx = dict(X=params.use(x.id), outer=outer, C=channels, inner=inner, count=outer * inner,
+        ctx = dict(X=params.use(x.id), outer=outer, C=channels, inner=inner, count=a.attr("count", outer * inner),
                    elements=x.type.size, epsilon=literal(a.attr("epsilon", 0.0)), G=None, B=None, R=None,
                    cblock=1 if inner > 1 else CHANNEL_BLOCK)
         names = [n.split("?")[0] for n in _INPUTS[a.op] if "?" not in n or a.attr(n.split("?")[1])]

@@ -11,7 +11,8 @@ backward.  A node of flowc's IR produces one value, so each pass over the data i
 * `batch_norm_grad_sums(x, stats, dy[, r])`: (2, C), row 0 sum(dy * xhat) (gamma's gradient), row 1
   sum(dy) (beta's gradient), xhat = (x - mean) * rsqrt(var + epsilon);
 * `batch_norm_grad(x, stats[, gamma], dy, sums[, r])`: dx = gamma * rstd * (dy - sum(dy) / m
-  - xhat * sum(dy * xhat) / m), m the elements per channel.
+  - xhat * sum(dy * xhat) / m), m the elements per channel of the logical batch (attribute `count`:
+  on each of several ranks, x is a share of the batch while the sums are over all of it).
 
 When y's only reader is a relu, the gradient ops take the relu's output `r` after `dy` (attribute
 `relu`) and use relu_grad(r, dy) in its place, so the relu's gradient is no pass of its own.
@@ -145,8 +146,9 @@ def _batch_norm_grad(e, node, dy):
     dys = _relu_folded(e, node, dy)
     relu = len(dys) == 2
     sums = e.op("batch_norm_grad_sums", x, stats, *dys, axis=axis, epsilon=epsilon, relu=relu)
+    outer, _, inner = geometry(e.type(x).shape, axis)
     grads: list = [e.op("batch_norm_grad", x, stats, *gamma, dys[0], sums, *dys[1:], axis=axis, epsilon=epsilon,
-                        scale=scale, relu=relu), None]
+                        scale=scale, relu=relu, count=outer * inner), None]
     channels = e.type(stats).shape[1]
     for row, on in ((0, scale), (1, center)):
         if on:
@@ -215,17 +217,21 @@ def _infer_grad(inputs: list, attrs: dict) -> TensorType:
     _check("batch_norm_grad", "sums", sums, (2, channels), x)
     if relu:
         _check("batch_norm_grad", "r", inputs[-1], x.shape, x)
+    count = attrs.get("count")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ShapeError(f"batch_norm_grad: count must be a positive int, got {count!r}")
     return TensorType(x.shape, x.dtype)
 
 
-def grad_reference(x, stats, *rest, axis: int, epsilon: float, scale: bool, relu: bool = False):
+def grad_reference(x, stats, *rest, axis: int, epsilon: float, scale: bool, relu: bool = False,
+                   count: int | None = None):
     if relu:
         rest, r = rest[:-1], rest[-1:]
     else:
         r = ()
     dy, sums = _masked(rest[-2], r), rest[-1].astype(np.float64)
     xhat, rstd = _xhat(x, stats, axis, epsilon)
-    m = xhat.shape[1]
+    m = count or xhat.shape[1]
     with np.errstate(all="ignore"):
         g = rstd * (rest[0].astype(np.float64)[:, None] if scale else 1.0)
         dx = g * (_channels(dy, axis) - sums[1][:, None] / m - xhat * sums[0][:, None] / m)

@@ -20,6 +20,11 @@ Constants in the graph keep their global meaning: a mean over the batch divides 
 batch, so the partial sums of the ranks add up to the logical value exactly (OneFlow divides the
 loss's gradient by the global instance count the same way).
 
+A train job's batch normalisation normalises with the statistics of the whole batch, as the
+one-process job does (synchronised batch norm): each rank's `batch_norm_stats` is followed by an
+all_gather and the combination in compiler/passes/batch_statistics.py, and `batch_norm_grad` divides
+by the logical batch's count, which its `count` attribute holds.
+
 An op this pass cannot place (a max over the batch axis, a sparse embedding update, an op it does
 not know to work example by example) is an error naming the op and its line: results never
 silently differ from the one-process job.  A random draw split over the ranks (dropout) becomes
@@ -49,6 +54,7 @@ from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes import model_parallel
+from flowc.compiler.passes.batch_statistics import synced_statistics
 from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, ROW_SLICED, SPLIT, layout_error
 
 # OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
@@ -75,7 +81,6 @@ BATCH_CONTRACTIONS = {"conv2d_grad_filter", "layer_norm_gamma_grad", "batch_norm
 NOT_SPLITTABLE = {
     "reduce_max": "a maximum over the batch axis", "reduce_min": "a minimum over the batch axis",
     "reduce_prod": "a product over the batch axis",
-    "batch_norm_stats": "batch statistics (synchronised batch norm)",
     "unique_indices": "a sparse (indexed-slices) update", "indexed_slices_reduce_sum": "a sparse update",
     "gather_rows": "a sparse update", "scatter_rows": "a sparse update",
 }
@@ -121,6 +126,7 @@ class _Layouts:
         self.model_nodes: set[int] = set()              # whole values model-split readers need sliced (sticky)
         self.column_products: set[int] = set()          # model-split gradients made from columns (sticky)
         self.row_partials: set[int] = set()             # partial sums of whole rows (model_parallel), per sweep
+        self.synced: set[int] = set()                   # batch_norm_stats of split values: made global
 
     def of(self, i: int) -> str:
         return self.layout[i]
@@ -133,7 +139,8 @@ class _Layouts:
             before = (dict(self.layout), set(self.reduced), dict(self.converted), set(self.relabelled),
                       set(self.model_nodes), set(self.column_products))
             refusals: list[TraceError] = []      # kept until the layouts settle: a later relabel may lift them
-            self.converted, self.row_partials = {}, set()   # decided afresh, from the layouts as they now are
+            # decided afresh, from the layouts as they now are
+            self.converted, self.row_partials, self.synced = {}, set(), set()
             for n in self.graph.nodes:
                 try:
                     self.layout[n.id] = self._decide(n)
@@ -327,6 +334,8 @@ class _Layouts:
                 raise _error(n, "it slices the batch axis")
         if n.op in ("gather", "gather_grad"):
             return self._gather(n)
+        if n.op == "batch_norm_stats":
+            return self._batch_statistics(n)
         if not out or out[0] % self.ranks:
             raise _error(n, f"its result {list(out)} has no batch axis that divides over {self.ranks} ranks")
         kind = OPS[n.op].kind
@@ -349,6 +358,16 @@ class _Layouts:
                     raise _error(n, f"it combines a whole value of shape {list(shape)} with one split over the "
                                     "batch row by row")
         return SPLIT
+
+    def _batch_statistics(self, n: Node) -> str:
+        """Statistics over the batch of a value split by rows: each rank's, made global (synced).
+        The mirrored view normalises each rank's own batch, as OneFlow's does."""
+        if self.mirrored:
+            return SPLIT
+        if n.attr("axis") == 0:
+            raise _error(n, "its channels are the batch axis")
+        self.synced.add(n.id)
+        return BROADCAST
 
     def _gather(self, n: Node) -> str:
         """A gather per example (batch_dims >= 1: BERT's masked positions) stays split, and so does its
@@ -442,6 +461,11 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
             return changed(i, rules.converted[n.id, i], n)
         return new_id[i]
 
+    def added_at(where: Node):
+        """Adds nodes to the ranks' graph at `where`'s line, role and device."""
+        return lambda op, inputs, attrs: builder.add(op, inputs, attrs, loc=where.loc, role=where.role,
+                                                     device=where.type.device)
+
     rank: list[int] = []             # the runtime scalar data_parallel_rank, once a random draw is split
 
     def rank_scalar() -> int:
@@ -460,6 +484,12 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
             new_id[n.id] = builder.add(op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
         except ShapeError as err:
             raise _error(n, f"its attributes fix the batch size ({err})") from None
+        if n.id in rules.synced:
+            try:
+                new_id[n.id] = synced_statistics(added_at(n), new_id[n.id], ranks, n.type.shape[1], n.type.dtype)
+            except ShapeError as err:
+                raise _error(n, f"it computes batch statistics that flowc cannot synchronise over the ranks "
+                                f"({err})") from None
         want = n.type.shape if mirrored else _local_shape(n.type.shape, layout[n.id], ranks)
         if builder.types[new_id[n.id]].shape != want:     # an attribute holding a shape this pass did not rewrite
             raise _error(n, f"its share on each rank would be {list(builder.types[new_id[n.id]].shape)}, not the "

@@ -1,16 +1,18 @@
 """A data- and model-parallel GPU step on the CUDA emulator, one process per rank, its collectives
 through the real NCCL engine against a fake NCCL over MPI (tests/nccl_emulated.py):
 
-    mpiexec -n 2 python tests/distributed/nccl_emulated_step.py OPTIMIZER STEPS
+    mpiexec -n 2 python tests/distributed/nccl_emulated_step.py OPTIMIZER STEPS [NET]
 
 Each rank traces OneFlow's hybrid-parallel MLP (tests/test_model_parallel_pass.py: a data-parallel
 hidden layer, whose gradients are summed in buckets, and a model-parallel output layer, with its
-all_gather, reduce_scatter and all_to_all) as one of the ranks, renders the CUDA step with its host
-step, and runs STEPS steps of it on its share of each global batch.  Rank 0 checks that the losses
-and every variable (the split ones put back together) equal the logical job's NumPy reference on
-the whole batches, that every rank's whole variables are bit-equal, and that the host step called
-the engine in order (the host log), then prints "ok".  FLOWC_FAKE_NCCL_FAIL / FLOWC_FAKE_STREAM_BUSY
-(tests/fake_nccl.c, tests/fake_cudart.h) inject faults: the step's error code is then printed.
+all_gather, reduce_scatter and all_to_all; NET "bn": tests/test_synced_batch_norm.py's convolution
+with batch norm, whose statistics are all-gathered in the forward pass) as one of the ranks, renders
+the CUDA step with its host step, and runs STEPS steps of it on its share of each global batch. Rank
+0 checks that the losses and every variable (the split ones put back together) equal the logical
+job's NumPy reference on the whole batches, that every rank's whole variables are bit-equal, and
+that the host step called the engine in order (the host log), then prints "ok". FLOWC_FAKE_NCCL_FAIL
+/ FLOWC_FAKE_STREAM_BUSY (tests/fake_nccl.c, tests/fake_cudart.h) inject faults: the step's error
+code is then printed.
 """
 import os
 import sys
@@ -33,8 +35,10 @@ from tests.nccl_emulated import engine_library, fake_nccl
 from tests.test_cuda_codegen import render
 from tests.test_cuda_host_step import STEP_CDEF
 from tests.test_model_parallel_pass import batch, hybrid_mlp, on_ranks, train_job_of
+from tests.test_synced_batch_norm import bn_net
 
 OPTIMIZER, STEPS = sys.argv[1], int(sys.argv[2])
+NET = {"hybrid": hybrid_mlp, "bn": bn_net}[sys.argv[3] if len(sys.argv) > 3 else "hybrid"]
 comm = MPI.COMM_WORLD
 rank, ranks = comm.Get_rank(), comm.Get_size()
 STREAM = 0x5EED0
@@ -46,7 +50,7 @@ def traced(ranks_: int):
     The session is marked joined: under mpiexec it must not start the runtime's own cluster."""
     flow.clear_default_session()
     on_ranks(ranks_)
-    job = train_job_of(hybrid_mlp, OPTIMIZER)
+    job = train_job_of(NET, OPTIMIZER)
     session = default_session()
     return job.graph, job._traced.distribution, {n: session.value(n).copy() for n in job.graph.variables}
 
@@ -144,8 +148,12 @@ for name in local.assigns:
 # the exchanges as NCCL calls, and the end a settle (the stream queried), not a plain synchronize.
 log = logs[-1]
 calls = [line.split()[0] + (" " + line.split()[1] if line.startswith("nccl") else "") for line in log]
-assert "nccl AllReduce" in calls and "nccl AllGather" in calls and "nccl ReduceScatter" in calls, calls
-assert "nccl GroupEnd" in calls, calls                     # the all_to_all: sends and receives in one group
+assert "nccl AllReduce" in calls and "nccl AllGather" in calls, calls
+if NET is hybrid_mlp:
+    assert "nccl ReduceScatter" in calls, calls
+    assert "nccl GroupEnd" in calls, calls                 # the all_to_all: sends and receives in one group
+else:       # batch norm: each layer's statistics gathered in the forward pass, before the first sum
+    assert calls.index("nccl AllGather") < calls.index("nccl AllReduce"), calls
 assert calls[-1] == "stream_query" and "synchronize" not in calls, calls[-3:]
 first_reduce = calls.index("nccl AllReduce")
 assert calls[first_reduce - 1] == "stream_wait" and calls[first_reduce - 3] == "engine_copy", calls[:first_reduce]

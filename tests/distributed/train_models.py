@@ -1,7 +1,7 @@
 """A distributed-training test program: train MODEL for STEPS steps on a fixed global batch stream and
 save (rank 0) the results, the predict job's outputs and every variable to OUT.npz.
 
-    python train_models.py mlp 4 out.npz                 # one process
+    python train_models.py mlp 4 out.npz                 # one process (MODEL: mlp lenet deep hybrid mixed bn)
     mpiexec -n 2 python train_models.py mlp 4 out.npz    # the same logical job over 2 ranks
 
 The script is the same in both runs, as in OneFlow: only the launch differs.  Options:
@@ -98,9 +98,22 @@ def mixed(x, train=True):
     return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
 
 
+def bn(x, train=True):
+    # batch normalisation after a convolution (NCHW) and after a dense layer: the train job normalises with
+    # the whole batch's statistics on every rank (synchronised), the predict job with the moving averages
+    init = flow.truncated_normal(0.1)
+    x = flow.layers.conv2d(x, 8, 5, padding="SAME", name="conv1", kernel_initializer=init, use_bias=False)
+    x = flow.nn.relu(flow.layers.batch_normalization(x, axis=1, momentum=0.9, training=train, name="bn1"))
+    x = flow.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", name="pool1", data_format="NCHW")
+    x = flow.layers.dense(flow.reshape(x, [x.shape[0], -1]), 32, kernel_initializer=init, name="dense1",
+                          use_bias=False)
+    x = flow.nn.relu(flow.layers.batch_normalization(x, axis=1, momentum=0.9, training=train, name="bn2"))
+    return flow.layers.dense(x, 10, kernel_initializer=init, name="dense2")
+
+
 if option("--bucket-mb") is not None:
     flow.config.collective_boxing.nccl_fusion_threshold_mb(int(option("--bucket-mb")))
-NET = {"mlp": mlp, "lenet": lenet, "deep": deep, "hybrid": hybrid, "mixed": mixed}[MODEL]
+NET = {"mlp": mlp, "lenet": lenet, "deep": deep, "hybrid": hybrid, "mixed": mixed, "bn": bn}[MODEL]
 
 
 @flow.global_function(type="train")
