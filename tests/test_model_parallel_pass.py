@@ -178,6 +178,28 @@ def test_a_weight_split_along_its_inputs_keeps_each_ranks_rows_of_the_partial_su
     assert len(scattered) == 1 and local.node(scattered[0].inputs[0]).op == "matmul"
 
 
+def penalised_job(optimizer):
+    """An explicit L2 penalty on a split weight, added to the loss: its gradient's seed is broadcast
+    to the weight's whole shape, next to the split weight."""
+    @flow.global_function(type="train")
+    def train_job(images: tp.Numpy.Placeholder((B, 1, 4, 4), dtype=flow.float),
+                  labels: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(8, 16), initializer=INIT, distribute=SPLIT)
+        hidden = flow.nn.relu(flow.matmul(flow.reshape(images, [B, -1]), w, transpose_b=True))
+        logits = flow.layers.dense(hidden, 8, kernel_initializer=INIT, name="out")
+        loss = flow.math.reduce_mean(flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        OPTIMIZERS[optimizer]().minimize(loss + 0.1 * flow.math.reduce_sum(flow.math.square(w)))
+        return loss
+    return train_job
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_penalty_on_a_split_weight_fills_each_ranks_slice_of_its_gradient(optimizer):
+    """Regression: the penalty's whole (8, 16) gradient seed was refused next to the split weight."""
+    local, _ = check_equal(lambda: penalised_job(optimizer), batch(2))
+    assert any(n.op == "broadcast_to" and n.type.shape == (4, 16) for n in local.nodes)
+
+
 def test_a_predict_job_returns_the_logits_split_by_column_put_together():
     logical, values, local, distribution = logical_and_ranks(lambda: predict_job_of(hybrid_mlp))
     assert distribution.outputs == ["column_split"]

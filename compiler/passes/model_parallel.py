@@ -179,11 +179,19 @@ def _covers_axis_0(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
 def _relabel(rules: Any, i: int, out: tuple[int, ...]) -> bool:
     """Can whole value `i`, read next to a model-split one, be computed as a slice instead?  Yes
     when it is computed element by element from partial sums (a gradient squared, for Adam's
-    second moment), model-split values and values that do not cover axis 0: its partial operands
-    are then scattered rather than summed whole.  Marks it (and such whole operands) for the next
-    sweep of the rules."""
+    second moment), model-split values and values that do not cover axis 0, or broadcast from a
+    value without axis 0: its partial operands are then scattered rather than summed whole.  Marks
+    it (and such whole operands) for the next sweep of the rules."""
     node = rules.graph.node(i)
-    if node.type.shape != out or not node.inputs or not _elementwise(node.op):
+    if node.type.shape != out or not node.inputs:
+        return False
+    if node.op == "broadcast_to":     # of a whole value without axis 0 (a penalty's gradient seed): fill a slice
+        source = node.inputs[0]
+        if rules.layout[source] != BROADCAST or _covers_axis_0(rules.graph.node(source).type.shape, out):
+            return False
+        rules.model_nodes.add(i)
+        return True
+    if not _elementwise(node.op):
         return False
     for x in node.inputs:
         layout, shape = rules.layout[x], rules.graph.node(x).type.shape
