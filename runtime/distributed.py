@@ -232,7 +232,7 @@ class Cluster:
         """Run the master's steps until it says exit; then end this process (a worker never goes back
         to the script: only the master prints, saves and fires callbacks)."""
         self.serving = True
-        served: dict[str, tuple[LoadedStep, list[np.ndarray]]] = {}     # job -> its step and input buffers
+        served: dict[tuple[str, int], tuple[LoadedStep, list[np.ndarray]]] = {}  # (job, ordinal) -> step, input buffers
         # The master's values of variables no job has declared here yet (a worker traces a job only at
         # its first step): written as soon as a traced job declares them.
         pending: dict[str, np.ndarray] = {}
@@ -274,10 +274,10 @@ class Cluster:
                 for name in message[1]:
                     self.control.Send(shard_rows(session.value(name), self), dest=0, tag=DATA_TAG)
                 continue
-            _, job_name, scalars, expected = message
+            _, job_name, ordinal, scalars, expected = message
             self.job = f"job {job_name!r}"
             try:
-                loaded, inputs = served.get(job_name) or self._loaded(session, job_name)
+                loaded, inputs = served.get((job_name, ordinal)) or self._loaded(session, job_name, ordinal)
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
@@ -286,7 +286,7 @@ class Cluster:
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
                 if mismatch or self.control.recv(source=0, tag=CONTROL_TAG)[0] != "go":
                     continue             # another rank disagreed: no shares come
-                served[job_name] = (loaded, inputs)
+                served[job_name, ordinal] = (loaded, inputs)
             if pending:
                 write_values()
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
@@ -309,12 +309,14 @@ class Cluster:
         sys.stdout.flush()
         sys.exit(0)
 
-    def _loaded(self, session: Session, job_name: str) -> tuple[LoadedStep, list[np.ndarray]]:
-        """The step of `job_name` on this worker (built at its first step) and buffers for its inputs."""
+    def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray]]:
+        """The step of job `job_name` (the `ordinal`-th job function of that name) on this worker (built
+        at its first step) and buffers for its inputs."""
         from flowc.runtime.job import job_function_named
-        job = session.job_named(job_name) or job_function_named(job_name)
+        job = session.job_named(job_name, ordinal) or job_function_named(job_name, ordinal)
         if job is None:
-            raise DistributedError(f"job {job_name!r} is not defined on rank {self.world.rank}: define every job "
+            which = f"job {job_name!r}" if not ordinal else f"job function number {ordinal + 1} called {job_name!r}"
+            raise DistributedError(f"{which} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
         loaded = job._ensure_ready().loaded
         loaded = loaded.inner if isinstance(loaded, DistributedStep) else loaded
@@ -341,9 +343,11 @@ class DistributedStep(LoadedStep):
     """The master's view of a job over every rank: it feeds and computes like one step, taking the
     logical (global) inputs and returning the logical results."""
 
-    def __init__(self, inner: LoadedStep, traced: TracedJob, cluster: Cluster, job_name: str) -> None:
+    def __init__(self, inner: LoadedStep, traced: TracedJob, cluster: Cluster, job_name: str,
+                 ordinal: int = 0) -> None:
         assert traced.distribution is not None
-        self.inner, self.cluster, self.job_name = inner, cluster, job_name
+        # the job's name and which job function of that name it is (0: the first defined)
+        self.inner, self.cluster, self.job_name, self.ordinal = inner, cluster, job_name, ordinal
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
         self.layouts = traced.distribution.outputs
         self.mirrored = traced.distribution.mirrored
@@ -409,7 +413,7 @@ class DistributedStep(LoadedStep):
         first = not self._agreed
         expected = (signature(self.graph), locations(self.graph)) if first else None
         for rank in range(1, cluster.ranks):
-            cluster.control.send(("step", self.job_name, scalars, expected), dest=rank)
+            cluster.control.send(("step", self.job_name, self.ordinal, scalars, expected), dest=rank)
         if first:       # no rank may start the step's collectives before all agree on its graph
             answers = [cluster.receive(rank, f"job {self.job_name!r} compared its graph")
                        for rank in range(1, cluster.ranks)]

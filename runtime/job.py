@@ -108,10 +108,11 @@ def build_lock() -> threading.RLock:
     return _build_lock
 
 
-def job_function_named(name: str) -> JobFunction | None:
-    """A job function (not a shape variant) called `name`, of any session: a worker of a distributed
-    run finds the master's jobs by name after the master cleared its session."""
-    return next((job for job in list(_jobs) if job.name == name and job._variant_of is None), None)
+def job_function_named(name: str, ordinal: int = 0) -> JobFunction | None:
+    """A job function (not a shape variant) called `name`, the `ordinal`-th of that name, of any
+    session: a worker of a distributed run finds the master's jobs by name after the master cleared its session."""
+    named = [job for job in list(_jobs) if job.name == name and job._variant_of is None]
+    return named[ordinal] if ordinal < len(named) else None
 
 
 def reset_jobs_after_fork() -> None:
@@ -202,7 +203,7 @@ class JobFunction:
             cluster = session.cluster
             if cluster is not None and cluster.world.is_master and self._traced.distribution is not None:
                 from flowc.runtime.distributed import DistributedStep
-                loaded = DistributedStep(loaded, self._traced, cluster, self.name)
+                loaded = DistributedStep(loaded, self._traced, cluster, self.name, session.job_ordinal(self))
             ready = ReadyStep(self.name, self.job_type == "train", session, self._traced, loaded,
                               Register(loaded.slots))
             self._ready = ready

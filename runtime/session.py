@@ -57,10 +57,19 @@ class Session:
             if not any(known is job for known in self._job_functions):
                 self._job_functions.append(job)
 
-    def job_named(self, name: str) -> Any:
-        """The session's job function called `name`, or None."""
+    def job_named(self, name: str, ordinal: int = 0) -> Any:
+        """The session's job function called `name` (the `ordinal`-th of that name, in the order they
+        were defined: a factory may make several), or None."""
         with self._lock:
-            return next((job for job in self._job_functions if job.name == name), None)
+            named = [job for job in self._job_functions if job.name == name]
+        return named[ordinal] if ordinal < len(named) else None
+
+    def job_ordinal(self, job: Any) -> int:
+        """Which of the session's job functions called `job.name` `job` is (0: the first defined):
+        with the name, what identifies it to the other ranks, which define the same jobs in the same order."""
+        with self._lock:
+            named = [known for known in self._job_functions if known.name == job.name]
+        return next((i for i, known in enumerate(named) if known is job), 0)
 
     def trace_jobs(self, why: str) -> None:
         """Trace every job function of the session not traced in it yet, declaring their variables.

@@ -1,6 +1,7 @@
 """A consistent-view test program with placeholders declared without a batch axis
 (`batch_axis=None`): OneFlow gives such an input whole to every device, and splits the others
-along their batch axis.  Also a job without any placeholder.
+along their batch axis.  Also a job without any placeholder, and two jobs of one name (made by one
+factory): every rank must run the one called, not the first of that name.
 
     python whole_inputs.py OUT.npz                  # one process
     mpiexec -n 2 python whole_inputs.py OUT.npz     # two ranks: x and y split, scale and table whole
@@ -42,6 +43,14 @@ def no_inputs_job() -> tp.Numpy:          # no placeholder at all: nothing to sp
     return bias * 2.0
 
 
+def scaled_by(factor):
+    @flow.global_function()
+    def scaled(x: tp.Numpy.Placeholder((BATCH, 20), dtype=flow.float)) -> tp.Numpy:
+        return x * factor
+    return scaled
+
+
+doubling, tripling = scaled_by(2.0), scaled_by(3.0)     # both called "scaled"
 rng = np.random.default_rng(5)
 losses, logits, squares = [], [], []
 for _ in range(4):
@@ -57,6 +66,8 @@ for _ in range(4):
     squares.append(square)
     np.testing.assert_allclose(square, np.sum(table * table), rtol=1e-5)
 doubled = no_inputs_job()
+np.testing.assert_array_equal(tripling(x), 3 * x)
+np.testing.assert_array_equal(doubling(x), 2 * x)
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
 np.testing.assert_array_equal(doubled, 2 * values["output-bias"])
 np.savez(OUT, losses=np.stack(losses), logits=np.stack(logits), squares=np.stack(squares), doubled=doubled,
