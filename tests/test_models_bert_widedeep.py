@@ -188,6 +188,7 @@ def test_the_progress_bar_reports_steps_per_second():
         bar.update(i + 1, loss=1.0 / (i + 1))
     bar.finish()
     lines = out.getvalue().splitlines()
+    assert "1/4  -- steps/s" in lines[0]          # no rate from the first step alone (it compiles), not "nan"
     assert lines[-1].startswith("m [" + "#" * progress.ProgressBar.WIDTH + "] 4/4")
     assert "steps/s" in lines[-1] and "loss 0.2500" in lines[-1] and "first step" in lines[-1]
     assert bar.steps_per_second > 0

@@ -59,8 +59,10 @@ class ProgressBar:
         """The bar as text."""
         filled = self.WIDTH * min(self.done, self.total) // self.total
         first = "" if self.first_done is None else f"  (first step {self.first_done - self.start:.2f} s)"
+        rate = self.steps_per_second
+        shown = "--" if rate != rate else f"{rate:.2f}"      # no rate before the second step
         return (f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total}  "
-                f"{self.steps_per_second:.2f} steps/s  loss {self.loss:.4f}{first}")
+                f"{shown} steps/s  loss {self.loss:.4f}{first}")
 
     def _draw(self, force: bool = False) -> None:
         now = time.perf_counter()
