@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from flowc.compiler.ir import Graph, Node
+from flowc.compiler.ir import Graph, Node, numpy_dtype
 from flowc.compiler.ops import OPS
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes.data_parallel import Distribution
@@ -53,7 +53,7 @@ def run_ranks(local: Graph, distribution: Distribution, ranks: int, inputs: Sequ
     for n in local.nodes:
         if OPS[n.op].kind == "collective":
             for r, value in enumerate(_collective(n, [values[r][n.inputs[0]] for r in range(ranks)])):
-                values[r][n.id] = value.astype(np.float32)
+                values[r][n.id] = value.astype(numpy_dtype(n.type.dtype))
             continue
         for r in range(ranks):
             values[r][n.id] = evaluate_node(n, values[r], [s[r] for s in shares], per_rank_vars[r],

@@ -122,6 +122,12 @@ def test_maxima_minima_and_products_along_the_other_axes_train_as_one_process(tm
     one_and_two_ranks("row_reductions", tmp_path)
 
 
+def test_sparse_embedding_updates_on_two_ranks_use_the_whole_batchs_rows(tmp_path):
+    """LazyAdam (int64 ids) and momentum SGD named in indexed_slices_optimizer_conf (int32 ids): the
+    engines all-gather the batch's indices and gradient rows."""
+    one_and_two_ranks("sparse_embedding", tmp_path)
+
+
 def test_placeholders_without_a_batch_axis_reach_every_rank_whole(tmp_path):
     one_and_two_ranks("whole_inputs", tmp_path)
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowc.compiler.ir import Graph
+from flowc.compiler.ir import Graph, Node
+from flowc.compiler.ops.collectives import words_per_element
 from flowc.compiler.program import Kernel, view_roots
 
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
@@ -32,6 +33,13 @@ EXCHANGES = {
     "reduce_scatter": ("FLOWC_COMM_REDUCE_SCATTER", 2, lambda size_in, size_out, ranks: size_out),
     "all_to_all": ("FLOWC_COMM_ALL_TO_ALL", 3, lambda size_in, size_out, ranks: size_in // ranks),
 }
+
+
+def exchange_words(node: Node, x: Node) -> int:
+    """The `count` of exchange `node` (reading `x`) in the engine's unit, 4-byte words: an int64
+    index or a float64 is two (compiler/ops/collectives.py)."""
+    _, _, block = EXCHANGES[node.op]
+    return block(x.type.size, node.type.size, node.attr("ranks")) * words_per_element(x.type.dtype)
 
 
 @dataclass(frozen=True)

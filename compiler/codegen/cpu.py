@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
-from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, plan_buckets
+from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, exchange_words, plan_buckets
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
@@ -403,8 +403,11 @@ class CommCalls:
                     f"{b.offset(node.id)}, {out}, {node.type.size}, {scale});  // {c_identifier(k.name)}")
 
     def _exchange(self, index: int, k: Kernel, node) -> CodeText:
-        kind, _, block = EXCHANGES[node.op]
+        kind = EXCHANGES[node.op][0]
         x = self.gen.graph.node(node.inputs[0])
-        count = block(x.type.size, node.type.size, node.attr("ranks"))
-        return code(f"{self.before_first()}if (int e = comm->exchange(comm->ctx, {kind}, {self.gen.pointer(x.id)}, "
-                    f"{self.gen.pointer(node.id)}, {count})) return e;{self.after(index)}  // {c_identifier(k.name)}")
+        count = exchange_words(node, x)
+        # the engine moves 4-byte words whatever the dtype (an int64 index is two)
+        src = f"reinterpret_cast<const float*>({self.gen.pointer(x.id)})"
+        dst = f"reinterpret_cast<float*>({self.gen.pointer(node.id)})"
+        return code(f"{self.before_first()}if (int e = comm->exchange(comm->ctx, {kind}, {src}, {dst}, {count})) "
+                    f"return e;{self.after(index)}  // {c_identifier(k.name)}")

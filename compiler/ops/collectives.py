@@ -13,7 +13,10 @@ compiler/passes/data_parallel.py inserts them where a value's layout over the ra
   result came from rank s.  With reshapes and transposes around it, it turns a value split by
   rows into one split by columns and back (a model-parallel layer's activations).
 
-All four work on float32 values; the MPI or NCCL engine does the work.  The NumPy reference
+The sums (all_reduce, reduce_scatter) work on float32 values.  all_gather and all_to_all only move
+values, so they also take int32, int64 and float64 ones, which the engines move as 4-byte words
+(a sparse update gathers the batch's indices: compiler/passes/data_parallel.py).  The MPI or NCCL
+engine does the work.  The NumPy reference
 executor runs one process and has no other ranks: it refuses them (tests compare a distributed run
 with the single-process run of the same global batch, or run the ranks' graphs in lock-step:
 tests/rank_simulator.py).
@@ -24,9 +27,22 @@ from flowc.compiler.ir import TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
 
 
+# What each exchange moves between ranks: the sums add float32 values; the moves copy words.
+SUMMED_DTYPES = ("float32",)
+MOVED_DTYPES = ("float32", "int32", "int64", "float64")
+_MOVES = ("all_gather", "all_to_all")
+
+
+def words_per_element(dtype: str) -> int:
+    """4-byte words per element of a value an exchange moves (the engines count in float32 words)."""
+    return 2 if dtype in ("int64", "float64") else 1
+
+
 def _checked(op: str, x: TensorType, attrs: dict) -> int:
-    if x.dtype != "float32":
-        raise ShapeError(f"{op}: flowc moves float32 values between ranks, got {x.dtype}")
+    allowed = MOVED_DTYPES if op in _MOVES else SUMMED_DTYPES
+    if x.dtype not in allowed:
+        what = "moves" if op in _MOVES else "sums"
+        raise ShapeError(f"{op}: flowc {what} {' or '.join(allowed)} values between ranks, got {x.dtype}")
     ranks = attrs["ranks"]
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ShapeError(f"{op}: ranks must be an int >= 2, got {ranks!r}")

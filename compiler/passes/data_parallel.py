@@ -75,13 +75,16 @@ ROWWISE = LAST_AXIS_ROWS | NORM_ROWS | {
     "conv2d", "conv2d_grad_input", "max_pool2d", "avg_pool2d", "max_pool2d_grad", "avg_pool2d_grad",
     "one_hot", "concat", "slice_axis", "strided_slice", "slice_update", "batch_norm", "batch_norm_grad"}
 SPARSE_UPDATES = {"unique_indices", "indexed_slices_reduce_sum", "gather_rows", "scatter_rows"}
+# The ops that start a sparse update from the batch's indices and gradient rows: they read them whole.
+SPARSE_SOURCES = {"unique_indices", "indexed_slices_reduce_sum"}
+NOT_SPARSE_MIRRORED = ("it computes a sparse (indexed-slices) update, which flowc does not average over the ranks "
+                       "of the mirrored view (use the consistent view, or an optimizer without sparse updates)")
 # Ops whose result sums over the batch rows of their split operands: the result is partial.
 BATCH_CONTRACTIONS = {"conv2d_grad_filter", "layer_norm_gamma_grad", "batch_norm_grad_sums"}
 # Ops that need the whole batch, and what it would take.
 NOT_SPLITTABLE = {
     "reduce_max": "a maximum over the batch axis", "reduce_min": "a minimum over the batch axis",
     "reduce_prod": "a product over the batch axis",
-    "unique_indices": "a sparse (indexed-slices) update", "indexed_slices_reduce_sum": "a sparse update",
     "gather_rows": "a sparse update", "scatter_rows": "a sparse update",
 }
 # Attributes that hold the shape of a split result (their axis 0 shrinks to one rank's share).
@@ -213,6 +216,8 @@ class _Layouts:
             decided = model_parallel.decide(self, n)
             if decided is not None:
                 return decided
+        if n.op in SPARSE_SOURCES:
+            return self._gathered(n)
         if n.op in NOT_SPLITTABLE and any(self.seen(n, i) != BROADCAST for i in n.inputs) and not self._by_rows(n):
             what = NOT_SPLITTABLE[n.op]
             if OPS[n.op].kind == "reduction" and 0 not in tuple(n.attr("axes")):
@@ -233,6 +238,24 @@ class _Layouts:
                 return BROADCAST
         self._split_fills(n)
         return self._split(n)
+
+    def _gathered(self, n: Node) -> str:
+        """A sparse update's unique indices and summed rows, of the whole batch on every rank: each
+        split operand (the indices, the gather's gradient rows) is all-gathered first, in rank order,
+        which is the one-process batch.  Every rank then updates the same rows of its whole table the
+        same way, and moves B·(1 + row) values rather than summing a (vocab, row) gradient.  The
+        mirrored view averages gradients, which this sum of everyone's rows would not: refused there."""
+        if self.mirrored:
+            raise _error(n, NOT_SPARSE_MIRRORED)
+        for i in n.inputs:
+            layout = self.seen(n, i)
+            if layout == SPLIT:
+                self.converted[(n.id, i)] = BROADCAST
+            elif layout == PARTIAL:
+                self.reduced.add((n.id, i))
+            elif layout != BROADCAST:
+                raise _error(n, f"it reads a {layout} value")
+        return BROADCAST
 
     def _by_rows(self, n: Node) -> bool:
         """A reduce_max, reduce_min or reduce_prod over axes other than the batch axis, of values split
