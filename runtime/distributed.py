@@ -307,7 +307,15 @@ class Cluster:
         for engine in self.engines:
             engine.close()
         sys.stdout.flush()
-        sys.exit(0)
+        sys.stderr.flush()
+        if threading.current_thread() is threading.main_thread():
+            sys.exit(0)
+        # The script's first job call was made from another thread, which served here: SystemExit would
+        # end that thread only, and the main thread would go on running the script on a worker.  This
+        # thread started MPI, so it ends it, and then the process.
+        from mpi4py import MPI
+        MPI.Finalize()
+        os._exit(0)
 
     def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray]]:
         """The step of job `job_name` (the `ordinal`-th job function of that name) on this worker (built

@@ -128,6 +128,12 @@ def test_sparse_embedding_updates_on_two_ranks_use_the_whole_batchs_rows(tmp_pat
     one_and_two_ranks("sparse_embedding", tmp_path)
 
 
+def test_job_calls_from_a_second_thread_end_every_rank_with_the_script(tmp_path):
+    """Regression: a worker that served from the thread of its first job call ended that thread only,
+    and its main thread ran the rest of the script (printing, calling jobs) until the timeout."""
+    one_and_two_ranks("first_call_in_thread", tmp_path)
+
+
 def test_placeholders_without_a_batch_axis_reach_every_rank_whole(tmp_path):
     one_and_two_ranks("whole_inputs", tmp_path)
 
