@@ -77,6 +77,7 @@ class Cluster:
         # (host, pid) of every rank, for the watchdog (a collective: every rank makes its cluster at once)
         self.peers: list[tuple[str, int]] = self.control.allgather((socket.gethostname(), os.getpid()))
         self.job = "the script"          # what this rank runs, for the watchdog's message
+        self.pid = os.getpid()           # a forked child inherits this cluster but is none of its ranks
         self.serving = False             # a worker runs the master's steps (it reached its first job call)
         threading.Thread(target=self._watch, name="flowc-rank-watchdog", daemon=True).start()
 
@@ -208,14 +209,22 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Tell the workers to exit (the master's script has ended), once the calls in flight are done."""
-        if self._closed or not self.world.is_master:
-            return
+        if self._closed or not self.world.is_master or os.getpid() != self.pid:
+            return           # (a forked child's exit must not end the parent's workers)
         self._closed = True
+        interrupted = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if isinstance(interrupted, KeyboardInterrupt) and self.broken is None:
+            # Ctrl-C: the calls in flight were abandoned (runtime/pipeline.py keeps their lock), and a
+            # worker may be inside a step's exchange the master left: end every rank now, as one
+            # process would end, rather than wait for them
+            self.broken = "interrupted"
         if self.broken is not None:
             from mpi4py import MPI
-            sys.stderr.write(f"flowc: the ranks of this job no longer work together ({self.broken}): ending "
-                             "every rank\n")
+            why = "the master's script was interrupted" if self.broken == "interrupted" else \
+                f"the ranks of this job no longer work together ({self.broken})"
+            sys.stderr.write(f"flowc: {why}: ending every rank\n")
             sys.stderr.flush()
+            time.sleep(WATCH_SECONDS)       # the launcher forwards the output before it sees the abort
             MPI.COMM_WORLD.Abort(1)
         from flowc.runtime.session import default_session
         session = default_session()
@@ -409,6 +418,11 @@ class DistributedStep(LoadedStep):
 
     def compute(self, slot: Any) -> list[np.ndarray]:
         cluster = self.cluster
+        if os.getpid() != cluster.pid:
+            raise DistributedError(f"job {self.job_name!r}: this process was forked from rank 0 of a run on "
+                                   f"{cluster.ranks} ranks, whose other ranks serve the parent only; call jobs "
+                                   "in the parent, or start the child with multiprocessing's 'spawn' method (it "
+                                   "then runs its jobs alone)")
         if cluster.broken is not None:
             raise DistributedError(f"job {self.job_name!r}: the ranks of this run no longer work together "
                                    f"({cluster.broken}); restart the job")

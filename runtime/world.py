@@ -18,6 +18,7 @@ Example:
 """
 from __future__ import annotations
 
+import multiprocessing
 import shlex
 import sys
 from dataclasses import dataclass
@@ -106,6 +107,10 @@ def detect_world(variables: Mapping[str, str] | None = None) -> World:
     Example:
         detect_world({"PMI_RANK": "1", "PMI_SIZE": "2"})   # World(rank=1, size=2, local_rank=1, local_size=2)
     """
+    if variables is None and multiprocessing.parent_process() is not None:
+        # a multiprocessing child inherits its parent's launcher variables, but the launcher started the
+        # parent only: the child is no rank of the run and runs its jobs alone
+        return SINGLE_PROCESS
     env = settings.mpi_launcher_variables() if variables is None else variables
     for launcher in LAUNCHERS:
         if launcher.rank in env:

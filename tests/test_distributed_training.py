@@ -134,6 +134,35 @@ def test_job_calls_from_a_second_thread_end_every_rank_with_the_script(tmp_path)
     one_and_two_ranks("first_call_in_thread", tmp_path)
 
 
+def interrupted(mode: str) -> subprocess.CompletedProcess:
+    script = str(ROOT / "tests" / "distributed" / "interrupted.py")
+    return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, script, mode], capture_output=True, text=True,
+                          timeout=120, env=environment("60"))
+
+
+def test_a_keyboard_interrupt_on_the_master_ends_every_rank():
+    """Regression: the master's exit waited for the abandoned calls' lock, for ever."""
+    proc = interrupted("interrupt")
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+    assert "the master's script was interrupted" in proc.stderr
+
+
+def test_a_forked_child_of_the_master_is_refused_and_leaves_the_workers_to_the_parent():
+    """Regression: a forked child's job call ran on the parent's workers (mixing their shares) and its
+    exit handlers told them to exit."""
+    proc = interrupted("fork")
+    assert proc.returncode == 0, proc.stderr
+    assert "fork: refused in the child: job 'predict_job': this process was forked from rank 0" in proc.stdout
+    assert proc.stdout.count("fork: done") == 1
+
+
+def test_a_spawned_child_of_the_master_runs_its_jobs_alone():
+    """Regression: it inherited the launcher's variables, took itself for rank 0 and failed MPI's start."""
+    proc = interrupted("spawn")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("spawn: done") == 1
+
+
 def test_placeholders_without_a_batch_axis_reach_every_rank_whole(tmp_path):
     one_and_two_ranks("whole_inputs", tmp_path)
 
