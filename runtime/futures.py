@@ -41,6 +41,10 @@ class Call:
         self.callback: Callable | None = None
         self.wants_callback = False         # the callback actor must run something for it
         self.decided = threading.Event()    # the callback (or none) is known
+        self._deciding = threading.Lock()   # decide and park: one of them wins
+        # A sync point passed over this call while nobody had decided yet (a held JobFuture): its
+        # result stays for .get(); a callback registered later runs on its own (Pipeline.run_late).
+        self.parked = False
         self.delivered = False              # .get() or a sync call took the result (or its error)
         # flow.watch / flow.watch_diff handlers: (WatchSpec, index in the outputs), run after the step
         traced = getattr(ready, "traced", None)
@@ -51,10 +55,24 @@ class Call:
         if not self.watches:
             self.watched.set()
 
-    def decide(self, callback: Callable | None) -> None:
-        self.callback = callback
-        self.decided.set()
+    def decide(self, callback: Callable | None) -> bool:
+        """Fix what runs when the step is done; False when a sync point has parked the call already
+        (then the caller runs `callback` through `Pipeline.run_late`)."""
+        with self._deciding:
+            if self.parked:
+                return False
+            self.callback = callback
+            self.decided.set()
         self.ready.register.changed()       # a caller waiting for room may now count this call out
+        return True
+
+    def park(self) -> None:
+        """A sync point or a session's close waits for this computed call, whose result nobody has
+        asked for yet: stop waiting for a decision (`.get()` still returns the result)."""
+        with self._deciding:
+            if not self.decided.is_set():
+                self.parked = True
+                self.decided.set()
 
     def fail_after_fork(self) -> None:
         """In a forked child: this call was in flight in the parent, whose threads run it; here it
@@ -66,6 +84,7 @@ class Call:
         self.computed.set()
         self.decided = threading.Event()
         self.decided.set()
+        self._deciding = threading.Lock()
         self.watched = threading.Event()    # its watch handlers never run here
         self.watched.set()
 
@@ -152,7 +171,8 @@ class CallbackRegistrar:
         check_callback(callback, f"job {self._call.job.name!r}")
         self._used = True
         self._finalizer.detach()
-        self._call.decide(callback)
+        if not self._call.decide(callback):
+            self._call.ready.session.pipeline.run_late(self._call, callback)
 
 
 def _decide_if_pending(call: Call) -> None:
@@ -244,9 +264,9 @@ class JobFuture:
         eval_job(images, labels).async_get(lambda result: print(result.numpy()))
     """
 
-    def __init__(self, call: Call, session) -> None:
+    def __init__(self, call: Call, pipeline) -> None:
         self._call = call
-        self._session = session
+        self._pipeline = pipeline
         self._used: str | None = None
         weakref.finalize(self, _decide_if_pending, call)
 
@@ -261,14 +281,15 @@ class JobFuture:
         self._claim("get")
         self._call.delivered = True
         self._call.decide(None)
-        self._session.raise_pending_error()
+        self._pipeline.raise_pending_error()
         value = self._call.value()
         self._call.wait_watched()            # the watch handlers of this call have run
-        self._session.raise_pending_error()
+        self._pipeline.raise_pending_error()
         return value
 
     def async_get(self, callback: Callable) -> None:
         """Run `callback(result)` on the callback thread when the step is done."""
         check_callback(callback, f"job {self._call.job.name!r}: async_get")
         self._claim("async_get")
-        self._call.decide(callback)
+        if not self._call.decide(callback):
+            self._pipeline.run_late(self._call, callback)

@@ -69,7 +69,7 @@ class Pipeline:
         self._errors: deque[BaseException] = deque()
         self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
         self._closed = False
-        self._waiting_for_decision = False   # the callback actor waits for a caller's .get()/callback
+        self._awaiting: Call | None = None   # the call whose .get()/callback the callback actor waits for
         ref = weakref.ref(self)
 
         def drain_at_exit() -> None:      # a weak reference only: an unused pipeline can be collected
@@ -171,26 +171,25 @@ class Pipeline:
         if not call.caller_takes_watch_errors:
             self._errors.extend(call.watch_errors)
 
-    def _run_callback(self, call: Call) -> None:
+    def _run_callback(self, call: Call | LateCallback) -> None:
+        if isinstance(call, LateCallback):
+            self._run_late(call)
+            return
         try:
             self._run_watches(call)
             if not call.decided.is_set():
-                self._waiting_for_decision = True
+                self._awaiting = call
                 call.ready.register.changed()
             while not call.decided.wait(timeout=0.1) and not self._abandoned:
                 pass
-            self._waiting_for_decision = False
+            self._awaiting = None
             if self._abandoned:
                 return
             if call.error is not None:
                 if not call.delivered:
                     self._errors.append(call.error)
             elif call.callback is not None:
-                _thread_state.callback_of = call
-                try:
-                    call.callback(call.converted())
-                finally:
-                    _thread_state.callback_of = None
+                self._call_back(call, call.callback)
         except BaseException as err:
             self._errors.append(err)
         finally:
@@ -198,9 +197,43 @@ class Pipeline:
             call.ready.register.finish(call.hold)
             self._finished(call.ticket)
 
+    @staticmethod
+    def _call_back(call: Call, callback) -> None:
+        _thread_state.callback_of = call
+        try:
+            callback(call.converted())
+        finally:
+            _thread_state.callback_of = None
+
+    def run_late(self, call: Call, callback) -> None:
+        """Run `callback` with a parked call's result (`Call.park`): a callback registered after a
+        sync point passed over the call.  It runs on the callback actor, after the callbacks queued
+        so far, and the next sync point waits for it.  A call that failed has had its error raised
+        by that sync point already: its callback does not run."""
+        late = LateCallback(call, callback)
+        with self._cond:
+            late.ticket = self._begin(None)
+        self.callbacks.post(late)
+
+    def _run_late(self, late: LateCallback) -> None:
+        try:
+            if late.call.error is None and not self._abandoned:
+                self._call_back(late.call, late.callback)
+        except BaseException as err:
+            self._errors.append(err)
+        finally:
+            self._finished(late.ticket)
+
     def callbacks_wait_for_caller(self) -> bool:
         """Whether the callback actor waits for a caller to decide a result (`.get()` or a callback)."""
-        return self._waiting_for_decision
+        return self._awaiting is not None
+
+    def _park_awaited(self, up_to_origin: float) -> None:
+        """A sync point must not wait for a result nobody has asked for yet (a JobFuture held without
+        .get()): park the call the callback actor waits for, if the sync point waits for it."""
+        call = self._awaiting
+        if call is not None and self._origins.get(call.ticket, up_to_origin + 1) <= up_to_origin:
+            call.park()
 
     # -- sync points --------------------------------------------------------------------------
     def raise_pending_error(self) -> None:
@@ -215,13 +248,18 @@ class Pipeline:
         with self._cond:
             last = self._issued
             while any(origin <= last for origin in self._origins.values()):
+                self._park_awaited(last)
                 self._cond.wait(timeout=0.1)    # a timeout keeps Ctrl-C working
 
     def wait_idle(self) -> None:
         """Block until no call is in flight."""
         with self._cond:
-            while self._unfinished:
-                self._cond.wait(timeout=0.1)
+            self._wait_idle_locked()
+
+    def _wait_idle_locked(self) -> None:
+        while self._unfinished:
+            self._park_awaited(float("inf"))
+            self._cond.wait(timeout=0.1)
 
     def sync(self, what: str = "flow.sync_default_session()") -> None:
         refuse_inside_callback(what)
@@ -233,10 +271,11 @@ class Pipeline:
         return len(self._unfinished)
 
     def close(self) -> list[BaseException]:
-        """Drain, stop both threads; return the errors nobody collected.  No call enters after."""
+        """Drain, stop both threads; return the errors nobody collected.  No call enters after; the
+        calls that the callbacks make while it drains do (at exit, a callback may call a job)."""
         with self._cond:
+            self._wait_idle_locked()
             self._closed = True
-        self.wait_idle()
         self.compute.stop()
         self.callbacks.stop()
         atexit.unregister(self._atexit)
@@ -285,3 +324,12 @@ class Pipeline:
             print("flowc: an asynchronous job call failed and no later sync point collected the error:",
                   file=sys.stderr)
             traceback.print_exception(err, file=sys.stderr)
+
+
+class LateCallback:
+    """A callback registered on a parked call (`Pipeline.run_late`), queued for the callback actor."""
+
+    def __init__(self, call: Call, callback) -> None:
+        self.call = call
+        self.callback = callback
+        self.ticket = 0

@@ -246,6 +246,51 @@ def test_old_api_get_and_async_get():
     assert all(f.get().numpy().shape == (N,) for f in futures)
 
 
+def in_thread(action, seconds: float = 60.0) -> None:
+    """Run `action` on a thread and fail (rather than hang the suite) if it has not returned in time."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            errors.append(err)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{action.__name__} did not return within {seconds} s"
+    if errors:
+        raise errors[0]
+
+
+def test_a_sync_point_does_not_wait_for_an_old_api_result_nobody_took_yet():
+    x, y = BATCHES[0]
+    held = old_train(x, y)              # neither .get() nor .async_get() yet
+    later = []
+    async_train(x, y)(later.append)     # its callback waits behind the held result
+    in_thread(flow.sync_default_session)
+    assert len(later) == 1
+    assert held.get().numpy().shape == (N,)     # the result is still there
+    late = old_train(x, y)
+    in_thread(flow.sync_default_session)
+    got = []
+    late.async_get(lambda r: got.append(r.numpy()))    # registered after the sync point passed it
+    in_thread(flow.sync_default_session)
+    assert len(got) == 1 and got[0].shape == (N,)
+    registrar = async_train(x, y)       # the same for a callback registered late
+    in_thread(flow.sync_default_session)
+    registrar(got.append)
+    in_thread(flow.sync_default_session)
+    assert len(got) == 2
+
+
+def test_clear_default_session_does_not_wait_for_an_old_api_result_nobody_took():
+    x, y = BATCHES[0]
+    held = old_train(x, y)
+    in_thread(flow.clear_default_session)
+    assert held.get().numpy().shape == (N,)
+
+
 def test_fixed_tensor_def_default_argument():
     with pytest.warns(DeprecationWarning):
         placeholder = flow.FixedTensorDef((3,), dtype=flow.float)
@@ -321,6 +366,31 @@ def test_process_exiting_with_work_in_flight_finishes_its_callbacks():
     lines = out.splitlines()
     assert "submitted" in lines
     assert lines[-1] == "callback 20"
+
+
+CHAIN_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, "tests")
+import test_runtime as t
+x, y = t.BATCHES[0]
+done = []
+def cb(loss):
+    done.append(1)
+    if len(done) < 6:
+        t.async_train(x, y)(cb)     # still running when the script's last line has run
+    else:
+        print("chain", len(done), flush=True)
+t.async_train(x, y)(cb)
+print("submitted", flush=True)
+"""
+
+
+def test_calls_that_callbacks_make_while_the_process_exits_run():
+    proc = run_script(CHAIN_SCRIPT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1] == "chain 6", err
+    assert "failed" not in err, err
 
 
 INTERRUPT_SCRIPT = """
