@@ -7,7 +7,9 @@ MPI world (`flowc.runtime.world.check_configuration`; launch with `flowc launch 
 docs/distributed.md).  Most other settings tune what flowc does not have (RDMA, actor queues, NCCL
 boxing fusion) and do nothing else (status `meaningless`), or ask for what flowc always does (status
 `always`).  `load_library` fails naming the feature (flow/unsupported.py).  Misspelled names fail
-with the closest name.
+with the closest name.  The first job call reads the settings; one of them (devices, machines,
+bucket size) changed after it has no effect, and says so in a RuntimeWarning, as OneFlow prints
+"Nothing happened because the session is running".
 
 Example:
     flow.config.gpu_device_num(2)            # two processes per machine: flowc launch -n 2 train.py
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 from flow import unsupported as _unsupported
 from flowc.runtime import environment as _environment
+from flowc.runtime import session as _session
 
 ALWAYS, MEANINGLESS, IMPLEMENTED = "always", "meaningless", "implemented"
 _REQUIRED = object()
@@ -112,7 +115,10 @@ def _setter(option: ConfigOption) -> Callable[..., None]:
             val = option.default
             if val is _REQUIRED:
                 raise TypeError(f"flow.config.{option.name}: missing its argument")
-        values[option.name] = option.check(option.name, val)
+        val = option.check(option.name, val)
+        if option.status == IMPLEMENTED and values.get(option.name, _REQUIRED) != val:
+            _session.warn_if_started(f"flow.config.{option.name}({val!r})")
+        values[option.name] = val
     set_option.__name__ = set_option.__qualname__ = option.name.rsplit(".", 1)[-1]
     set_option.__doc__ = f"flow.config.{option.name} ({option.status}): {option.note}"
     return set_option

@@ -20,6 +20,7 @@ from typing import Any
 from flowc.compiler.errors import UnsupportedError
 from flowc.compiler.trace import user_location
 from flowc.runtime import environment as _environment
+from flowc.runtime import session as _session
 from flow.unsupported import accepted
 
 _NO_GLOG = "flowc has no control plane, RPC or glog to configure: MPI's launcher starts and connects the processes"
@@ -81,6 +82,8 @@ def world_size(val: int) -> None:
     """
     if isinstance(val, bool) or not isinstance(val, int) or val < 1:
         raise ValueError(f"flow.env.world_size: expected an int >= 1, got {val!r}")
+    if values.get("world_size") != val:
+        _session.warn_if_started(f"flow.env.world_size({val!r})")
     values["world_size"] = val
 
 
@@ -137,6 +140,8 @@ def machine(*val: Any) -> None:
             raise ValueError(f"{user_location()}: flow.env.machine: machine {i} has the address {entry['addr']!r} "
                              f"of machine {seen[entry['addr']]}; each machine is listed once")
         seen[entry["addr"]] = i
+    if values.get("machine") != entries:
+        _session.warn_if_started("flow.env.machine(...)")
     values["machine"] = entries
 
 

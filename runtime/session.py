@@ -254,6 +254,17 @@ def default_session() -> Session:
     return session
 
 
+def warn_if_started(call: str) -> None:
+    """Warn that `call` (a `flow.config` or `flow.env` setting the first job call reads: devices,
+    machines, buckets) changes nothing in the running session, as OneFlow's "Nothing happened because
+    the session is running" does, instead of ignoring it silently."""
+    session = _default
+    if session is not None and session.joined:
+        warnings.warn(f"{call} has no effect: the session is running (its first job call read the "
+                      f"settings); make it before the first job call, or after flow.clear_default_session() "
+                      f"in a process launched alone", RuntimeWarning, stacklevel=3)
+
+
 def clear_default_session() -> None:
     """Forget every job and variable; the next job call traces and initializes afresh.
 

@@ -60,6 +60,33 @@ def test_a_misspelled_setting_names_the_closest(wrong, closest):
         resolve(f"config.{wrong}")
 
 
+def test_a_setting_changed_after_the_first_job_call_warns_that_it_has_no_effect(monkeypatch):
+    import warnings
+    import flow.env as env_module
+    monkeypatch.setattr(config_module, "values", {"gpu_device_num": 1})
+    monkeypatch.setattr(env_module, "values", {})
+
+    @flow.global_function()
+    def started(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        return x + 1.0
+    started(np.zeros(2, np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flow.config.gpu_device_num(1)          # what the session runs with: nothing to say
+        flow.config.enable_debug_mode(True)    # changes nothing in flowc anyway
+    with pytest.warns(RuntimeWarning, match=r"flow.config.gpu_device_num\(2\) has no effect: the session is running"):
+        flow.config.gpu_device_num(2)
+    with pytest.warns(RuntimeWarning, match=r"flow.config.collective_boxing.nccl_fusion_threshold_mb\(4\)"):
+        flow.config.collective_boxing.nccl_fusion_threshold_mb(4)
+    with pytest.warns(RuntimeWarning, match=r"flow.env.machine\(...\) has no effect"):
+        flow.env.machine([{"addr": "10.0.0.1"}, {"addr": "10.0.0.2"}])
+    flow.clear_default_session()               # launched alone: the next first call reads them again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flow.config.gpu_device_num(1)
+        flow.env.world_size(1)
+
+
 def test_load_library_fails_naming_the_feature():
     with pytest.raises(flow.UnsupportedError, match=r"test_flow_config.py:\d+: flow.config.load_library is not "
                                                     r"supported by flowc: custom C\+\+ ops"):
