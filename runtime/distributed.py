@@ -373,7 +373,8 @@ class DistributedStep(LoadedStep):
         self.whole_reads = set(self.graph.variables) - set(traced.distribution.sharded)
         # the placeholders every rank gets whole (batch_axis=None); the others are split along axis 0
         self.whole_inputs = {i for i, kind in enumerate(traced.distribution.inputs) if kind == BROADCAST}
-        self._pending: dict[int, tuple[list[list[np.ndarray]], dict]] = {}
+        # slot -> (every rank's shares, the scalars, the error code of labels out of range or None)
+        self._pending: dict[int, tuple[list[list[np.ndarray]], dict, int | None]] = {}
         self._agreed = False         # the workers confirmed they run the same graph (the first step)
 
     def feed(self, slot: Any, arrays: Sequence[np.ndarray], scalars: dict[str, float] | None = None,
@@ -381,13 +382,13 @@ class DistributedStep(LoadedStep):
         """Keep the workers' shares of `arrays` (copies, in the inputs' dtypes, unless `borrowed`: a
         synchronous call, whose caller cannot touch its arrays before the step is done) and feed this
         rank's share to its own step."""
-        shards, kept = self._pending.get(id(slot), ([], {}))
+        shards, kept, bad_labels = self._pending.get(id(slot), ([], {}, None))
         if arrays:
             ranks = self.cluster.ranks
             graph = self.graph
             typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
                      for a, p in zip(arrays, graph.placeholders)]
-            self._check_labels(typed)
+            bad_labels = self._labels_out_of_range(typed)
             # rank r's rows (the placeholders' batch axis divides over the ranks: the pass checked), or
             # the whole input; plain slices, as np.split's per-call overhead is a tenth of a small job's step
             rows = [a.shape[0] // ranks if a.ndim and i not in self.whole_inputs else 0 for i, a in enumerate(typed)]
@@ -406,15 +407,18 @@ class DistributedStep(LoadedStep):
             self.inner.feed(slot, (), scalars)
         if scalars:
             kept = {**kept, **scalars}
-        self._pending[id(slot)] = (shards, kept)
+        self._pending[id(slot)] = (shards, kept, bad_labels)
 
-    def _check_labels(self, inputs: list[np.ndarray]) -> None:
-        """Labels out of range fail here, for every rank's share at once: a rank that stopped at its own
-        check would leave the others waiting in the step's collectives (until FLOWC_COMM_TIMEOUT)."""
+    def _labels_out_of_range(self, inputs: list[np.ndarray]) -> int | None:
+        """The step's error code when labels are out of range, checked here for every rank's share at
+        once: a rank that stopped at its own check would leave the others waiting in the step's
+        collectives (until FLOWC_COMM_TIMEOUT).  `compute` raises it, before any rank starts the step,
+        so an asynchronous call fails at the next sync point, as in one process."""
         for check in self.compiled.generated.label_checks:
             labels = inputs[check.input]
             if labels.size and (labels.min() < 0 or labels.max() >= check.classes):
-                self.inner.raise_step_error(check.code)
+                return check.code
+        return None
 
     def compute(self, slot: Any) -> list[np.ndarray]:
         cluster = self.cluster
@@ -427,11 +431,13 @@ class DistributedStep(LoadedStep):
             raise DistributedError(f"job {self.job_name!r}: the ranks of this run no longer work together "
                                    f"({cluster.broken}); restart the job")
         cluster.job = f"job {self.job_name!r}"
+        shards, scalars, bad_labels = self._pending.pop(id(slot), ([], {}, None))
+        if bad_labels is not None:
+            self.inner.raise_step_error(bad_labels)
         if cluster.dirty & self.whole_reads:    # split in another job: every rank needs the whole again
             cluster.variables_sent = False
         if not cluster.variables_sent:
             cluster.send_variables(self.session)
-        shards, scalars = self._pending.pop(id(slot), ([], {}))
         first = not self._agreed
         expected = (signature(self.graph), locations(self.graph)) if first else None
         for rank in range(1, cluster.ranks):

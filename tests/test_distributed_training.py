@@ -175,6 +175,13 @@ def test_a_label_out_of_range_in_a_workers_share_fails_the_call_and_changes_noth
     assert plain.stdout.splitlines()[-1] == refused.stdout.splitlines()[-1]
 
 
+def test_an_asynchronous_call_with_a_label_out_of_range_fails_at_the_next_sync_point_as_in_one_process(tmp_path):
+    one, two = one_and_two_ranks("async_errors", tmp_path)
+    assert one == two, (one, two)
+    assert "the call returned\nsync point: " in two and "out of range [0, 5)" in two
+    assert "4 losses" in two
+
+
 def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
     run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2")
     run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2")
