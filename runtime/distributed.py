@@ -21,14 +21,16 @@ Example (run as `mpiexec -n 2 python train.py`; nothing in the script changes)::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
 import socket
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -335,9 +337,19 @@ class Cluster:
             which = f"job {job_name!r}" if not ordinal else f"job function number {ordinal + 1} called {job_name!r}"
             raise DistributedError(f"{which} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
-        loaded = job._ensure_ready().loaded
+        with _quiet():       # the master prints and warns what the job functions do while traced, once
+            loaded = job._ensure_ready().loaded
         loaded = loaded.inner if isinstance(loaded, DistributedStep) else loaded
         return loaded, _slot_inputs(loaded) or _buffers(loaded.graph, loaded.graph.placeholders)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """A worker's trace, without the prints and warnings of the script's job functions: the master's
+    trace of the same functions shows them (a worker's errors reach the master as messages)."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _compare(expected: tuple[list[str], list[str]], graph, rank: int) -> str | None:

@@ -180,6 +180,7 @@ def test_an_asynchronous_call_with_a_label_out_of_range_fails_at_the_next_sync_p
     assert one == two, (one, two)
     assert "the call returned\nsync point: " in two and "out of range [0, 5)" in two
     assert "4 losses" in two
+    assert two.count("tracing train_job") == 1
 
 
 def test_a_worker_waiting_for_the_masters_next_call_leaves_its_core_free():

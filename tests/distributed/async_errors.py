@@ -5,7 +5,8 @@ step changes no variable and the session goes on.
     python async_errors.py OUT.npz                  # one process
     mpiexec -n 2 python async_errors.py OUT.npz     # two ranks: the bad label lies in rank 1's share
 
-Both print the same lines and save the same values.
+Both print the same lines (the job function's own print at its trace too: only the master's
+shows) and save the same values.
 """
 import sys
 
@@ -21,6 +22,7 @@ BATCH, CLASSES = 8, 5
 @flow.global_function(type="train")
 def train_job(x: tp.Numpy.Placeholder((BATCH, 6)), y: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)
               ) -> tp.Callback[tp.Numpy]:
+    print("tracing train_job", flush=True)      # by the master alone on 2 ranks, as in one process
     logits = flow.layers.dense(x, CLASSES, kernel_initializer=flow.truncated_normal(0.1), name="output")
     loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
