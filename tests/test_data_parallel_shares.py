@@ -80,7 +80,8 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     slot = object()
     step.feed(slot, [np.zeros((B, 1, 4, 4), np.float32), labels])
     assert [a.shape for a in fed[-1]] == [(B // 2, 1, 4, 4), (B - 1,)]
-    shares, _ = step._pending[id(slot)]
+    shares, _, bad_labels = step._pending[id(slot)]
+    assert bad_labels is None
     np.testing.assert_array_equal(shares[1][1], labels)
     assert not np.shares_memory(shares[1][1], labels)      # a copy: the caller may reuse its array
 
