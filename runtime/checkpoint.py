@@ -524,7 +524,7 @@ def resolve(session, name: str, value: Any, where: str) -> np.ndarray | PendingV
 
 def assign(session, values: dict[str, Any], steps: dict[str, int]) -> None:
     """Write checked values into the session: in place for declared variables, pending otherwise."""
-    session.sync()                                 # the calls made so far run with the old values
+    session.sync("loading variables (flow.load_variables, a checkpoint load)")   # calls made so far: old values
     with session.holding_steps():                  # and no other thread's step sees half of the new ones
         for name, value in values.items():
             slot = session.variables.get(name)
@@ -578,7 +578,7 @@ def load(session, path: str | os.PathLike) -> None:
 def init(session) -> None:
     """Initialize every declared variable from its initializer, in place; forget loaded values
     still pending and the train step counters (OneFlow's init starts training afresh)."""
-    session.sync()
+    session.sync("flow.train.CheckPoint().init()")
     with session.holding_steps():                  # one consistent cut, as a load takes
         session.pending_values.clear()
         session.initialize_all(force=True)
@@ -609,6 +609,6 @@ class VariableValue:
 
 
 def all_variables(session) -> dict[str, VariableValue]:
-    session.sync()
+    session.sync("flow.get_all_variables()")
     with session.holding_steps():           # one consistent cut, as a save takes
         return {name: VariableValue(name, _current_value(session, name).copy()) for name in list(session.variables)}

@@ -44,6 +44,7 @@ from flowc.compiler.passes.layouts import BROADCAST
 from flowc.runtime.arrival_watch import alive, check_arrivals
 from flowc.runtime.collectives import CommEngine
 from flowc.runtime.loaded_step import LoadedStep
+from flowc.runtime.pipeline import call_after_exit_drain
 from flowc.runtime.signature import PerRank
 from flowc.runtime import environment
 from flowc.runtime.world import World, check_configuration, configured_devices, detect_world
@@ -606,7 +607,10 @@ def join(session: Session, job_module: str | None = None) -> Cluster | None:
     session.cluster = cluster
     session.ranks = world.size
     _configure_buckets(session)
-    atexit.register(cluster.shutdown if world.is_master else cluster.end_if_no_job_call)
+    if world.is_master:
+        call_after_exit_drain(cluster.shutdown)     # after the callbacks in flight, and the calls they make
+    else:
+        atexit.register(cluster.end_if_no_job_call)
     return cluster
 
 

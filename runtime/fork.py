@@ -63,7 +63,9 @@ def _after_fork_in_child() -> None:
     _unsafe_thread = threading.get_ident()
     _one_openmp_thread_here()
     from flowc.runtime.job import reset_jobs_after_fork
+    from flowc.runtime.pipeline import forget_callback_after_fork
     from flowc.runtime.session import sessions_after_fork
+    forget_callback_after_fork()
     for session in sessions_after_fork():
         session.reset_after_fork()
     reset_jobs_after_fork()

@@ -45,6 +45,7 @@ class Call:
         # A sync point passed over this call while nobody had decided yet (a held JobFuture): its
         # result stays for .get(); a callback registered later runs on its own (Pipeline.run_late).
         self.parked = False
+        self.orphaned = False               # in a forked child: the parent runs this call (fail_after_fork)
         self.delivered = False              # .get() or a sync call took the result (or its error)
         # flow.watch / flow.watch_diff handlers: (WatchSpec, index in the outputs), run after the step
         traced = getattr(ready, "traced", None)
@@ -80,6 +81,7 @@ class Call:
         self.error = RuntimeError(f"job {self.job.name!r}: this call was in flight when the process "
                                   f"forked; its step and callback run in the parent (pid {os.getppid()}), "
                                   f"not in this child")
+        self.orphaned = True
         self.computed = threading.Event()
         self.computed.set()
         self.decided = threading.Event()
@@ -111,10 +113,6 @@ class Call:
                         self.watch_errors.append(err)
         finally:
             self.watched.set()
-
-    def wait_watched(self) -> None:
-        while not self.watched.wait(timeout=0.1):   # a timeout keeps Ctrl-C working
-            pass
 
     def converted(self) -> Any:
         """The user's value of a call computed without an error."""
@@ -169,6 +167,9 @@ class CallbackRegistrar:
         if self._used:
             raise RuntimeError(f"job {self._call.job.name!r}: a callback is already registered for this call")
         check_callback(callback, f"job {self._call.job.name!r}")
+        if self._call.orphaned:
+            assert self._call.error is not None
+            raise self._call.error
         self._used = True
         self._finalizer.detach()
         if not self._call.decide(callback):
@@ -277,19 +278,30 @@ class JobFuture:
         self._used = how
 
     def get(self) -> Any:
-        """Wait for the step; return its result as LocalBlob(s); raise an earlier async error first."""
+        """Wait for the step; return its result as LocalBlob(s); raise an earlier async error first
+        (and then a later `.get()` returns this call's result).  Inside a callback, its watch
+        handlers run after that callback returns."""
+        self._pipeline.raise_pending_error()
         self._claim("get")
         self._call.delivered = True
         self._call.decide(None)
-        self._pipeline.raise_pending_error()
         value = self._call.value()
-        self._call.wait_watched()            # the watch handlers of this call have run
-        self._pipeline.raise_pending_error()
+        from flowc.runtime.pipeline import running_callback_of
+        if running_callback_of() is None:    # inside a callback, this very thread runs them later
+            self._pipeline.wait_watched(self._call)      # the watch handlers of this call have run
+            try:
+                self._pipeline.raise_pending_error()
+            except BaseException:
+                self._used = None            # the result is not lost: the next .get() returns it
+                raise
         return value
 
     def async_get(self, callback: Callable) -> None:
         """Run `callback(result)` on the callback thread when the step is done."""
         check_callback(callback, f"job {self._call.job.name!r}: async_get")
+        if self._call.orphaned:
+            assert self._call.error is not None
+            raise self._call.error
         self._claim("async_get")
         if not self._call.decide(callback):
             self._pipeline.run_late(self._call, callback)

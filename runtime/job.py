@@ -415,7 +415,7 @@ class JobFunction:
             return JobFuture(call, pipeline)
         value = call.value()
         if watched:
-            _deliver_watches_to_caller(call, in_callback)
+            _deliver_watches_to_caller(call, pipeline, in_callback)
         return value
 
     def _begin_call(self) -> ReadyStep:
@@ -560,13 +560,13 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _deliver_watches_to_caller(call: Call, in_callback: bool) -> None:
+def _deliver_watches_to_caller(call: Call, pipeline, in_callback: bool) -> None:
     """A synchronous call returns once its watch handlers have run (on the callback thread; inside
     a callback, on this thread, which is that thread); the first error of one is raised here."""
     if in_callback:
         call.run_watches()
     else:
-        call.wait_watched()
+        pipeline.wait_watched(call)
     if call.watch_errors:
         raise call.watch_errors[0]
 

@@ -15,10 +15,19 @@ in which steps really run, whichever threads call.
 
 An exception in a step or a callback is never lost: it is kept, with its traceback,
 and raised by the session's next synchronous call, `.get()` or
-`flow.sync_default_session()`.  At interpreter exit the pipeline drains, so the
-callbacks of calls still in flight run before the process ends.  A callback may call
-jobs, but not wait for the pipeline (`sync_default_session`, `clear_default_session`):
-that would wait for its own call, which ends when it returns.
+`flow.sync_default_session()`.  At interpreter exit the pipelines drain (an exit handler
+registered when flowc is imported, so it runs after the script's own handlers), so the
+callbacks of calls still in flight run before the process ends, and so do the calls those
+callbacks make.  A callback may call jobs, but not wait for the pipeline
+(`sync_default_session`, `clear_default_session`): that would wait for its own call, which
+ends when it returns.
+
+Callbacks run in call order, so the callback thread waits for a result nobody has decided on
+yet (an old-API future held without `.get()` or `.async_get()`, a registrar not yet called).
+Whoever waits for that thread meanwhile (a sync point, a session's close, `.get()` or a
+synchronous call waiting for its watch handlers) parks such an earlier result instead of
+waiting for it forever: `.get()` still returns it, and a callback registered later runs on its
+own (`run_late`).
 """
 from __future__ import annotations
 
@@ -29,19 +38,28 @@ import threading
 import traceback
 import weakref
 from collections import deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 from flowc.runtime.actors import Actor
 from flowc.runtime.fork import openmp_unsafe_here
 from flowc.runtime.futures import Call
 
 _thread_state = threading.local()        # .callback_of: the Call whose callback this thread runs now
-_pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()     # the live ones, for fork (runtime/fork.py)
+_pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()     # the live ones, for fork and exit
+CLEARED = "its session was cleared; call the job again to run it in the new default session"
+EXITING = ("the interpreter is exiting and flowc has run the calls in flight: a job called after that (from a "
+           "daemon thread, or an exit handler registered before `import flow`) does not run")
 
 
-def running_callback_of() -> Call | None:
+def running_callback_of() -> Call | LateCallback | None:
     """The call whose callback the current thread is running, if it is running one."""
     return getattr(_thread_state, "callback_of", None)
+
+
+def forget_callback_after_fork() -> None:
+    """In a forked child: the thread that forked may have been running a callback; the child's
+    thread runs none (its sync points are its own)."""
+    _thread_state.callback_of = None
 
 
 def refuse_inside_callback(what: str) -> None:
@@ -68,16 +86,8 @@ class Pipeline:
         self._compute_lock = threading.Lock()
         self._errors: deque[BaseException] = deque()
         self._abandoned = False        # after Ctrl-C at exit: skip queued steps and callbacks
-        self._closed = False
+        self._closed: str | None = None    # why no call enters any more (CLEARED, EXITING)
         self._awaiting: Call | None = None   # the call whose .get()/callback the callback actor waits for
-        ref = weakref.ref(self)
-
-        def drain_at_exit() -> None:      # a weak reference only: an unused pipeline can be collected
-            pipeline = ref()
-            if pipeline is not None:
-                pipeline.drain_at_exit()
-        self._atexit = drain_at_exit
-        atexit.register(self._atexit)
         _pipelines.add(self)
 
     # -- submitting ---------------------------------------------------------------------
@@ -85,14 +95,12 @@ class Pipeline:
         """A ticket for a call entering the pipeline (under self._cond).  A call made inside a callback
         takes its origin from the callback's call, so a sync point that waits for that call waits
         for what its callback started too."""
-        if self._closed:
-            raise RuntimeError("flowc: this session's pipeline is closed (its session was cleared); "
-                               "call the job again to run it in the new default session")
-        self._issued += 1
         parent = running_callback_of()
-        origin = self._issued
-        if parent is not None and parent.ticket in self._origins:
-            origin = self._origins[parent.ticket]
+        parent_origin = self._origins.get(parent.ticket) if parent is not None else None
+        if self._closed and parent_origin is None:   # a callback's calls are part of the drain
+            raise RuntimeError(f"flowc: this session's pipeline is closed: {self._closed}")
+        self._issued += 1
+        origin = self._issued if parent_origin is None else parent_origin
         self._unfinished[self._issued] = call
         self._origins[self._issued] = origin
         if call is not None:
@@ -106,8 +114,13 @@ class Pipeline:
             self._cond.notify_all()
 
     def submit(self, call: Call) -> None:
-        with self._cond:
-            self._begin(call)
+        try:
+            with self._cond:
+                self._begin(call)
+        except BaseException:
+            call.ready.register.free_slot(call.hold)     # refused: its slot and room are free again
+            call.ready.register.finish(call.hold)
+            raise
         self.compute.post(call)
 
     def run_now(self, ready, hold, arrays) -> list | None:
@@ -121,7 +134,11 @@ class Pipeline:
         with self._cond:
             if self._unfinished:
                 return None
-            ticket = self._begin(None)
+            try:
+                ticket = self._begin(None)
+            except BaseException:
+                ready.register.finish(hold)
+                raise
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
@@ -189,7 +206,7 @@ class Pipeline:
                 if not call.delivered:
                     self._errors.append(call.error)
             elif call.callback is not None:
-                self._call_back(call, call.callback)
+                self._call_back(call, call, call.callback)
         except BaseException as err:
             self._errors.append(err)
         finally:
@@ -198,8 +215,9 @@ class Pipeline:
             self._finished(call.ticket)
 
     @staticmethod
-    def _call_back(call: Call, callback) -> None:
-        _thread_state.callback_of = call
+    def _call_back(call: Call, running: Call | LateCallback, callback) -> None:
+        # `running`: whose callback this is, for the calls the callback makes (they share its origin)
+        _thread_state.callback_of = running
         try:
             callback(call.converted())
         finally:
@@ -209,16 +227,23 @@ class Pipeline:
         """Run `callback` with a parked call's result (`Call.park`): a callback registered after a
         sync point passed over the call.  It runs on the callback actor, after the callbacks queued
         so far, and the next sync point waits for it.  A call that failed has had its error raised
-        by that sync point already: its callback does not run."""
+        by that sync point already: its callback does not run.  After the pipeline closed (the
+        session was cleared), the callback runs at once, on this thread."""
         late = LateCallback(call, callback)
         with self._cond:
-            late.ticket = self._begin(None)
+            closed = self._closed is not None
+            if not closed:
+                late.ticket = self._begin(None)
+        if closed:
+            if call.error is None:
+                callback(call.converted())
+            return
         self.callbacks.post(late)
 
     def _run_late(self, late: LateCallback) -> None:
         try:
             if late.call.error is None and not self._abandoned:
-                self._call_back(late.call, late.callback)
+                self._call_back(late.call, late, late.callback)
         except BaseException as err:
             self._errors.append(err)
         finally:
@@ -234,6 +259,14 @@ class Pipeline:
         call = self._awaiting
         if call is not None and self._origins.get(call.ticket, up_to_origin + 1) <= up_to_origin:
             call.park()
+
+    def wait_watched(self, call: Call) -> None:
+        """Wait until `call`'s watch handlers have run on the callback thread, parking an earlier
+        result that thread waits for (the handlers run after it)."""
+        while not call.watched.wait(timeout=0.1):    # a timeout keeps Ctrl-C working
+            awaited = self._awaiting
+            if awaited is not None and awaited.ticket < call.ticket:
+                awaited.park()
 
     # -- sync points --------------------------------------------------------------------------
     def raise_pending_error(self) -> None:
@@ -270,15 +303,18 @@ class Pipeline:
     def in_flight(self) -> int:
         return len(self._unfinished)
 
-    def close(self) -> list[BaseException]:
-        """Drain, stop both threads; return the errors nobody collected.  No call enters after; the
-        calls that the callbacks make while it drains do (at exit, a callback may call a job)."""
+    def close(self, why: str = CLEARED) -> list[BaseException]:
+        """Run the calls made so far, stop both threads; return the errors nobody collected.  No call
+        enters after (`why` says why), except the calls that the callbacks make while it drains: at
+        exit, a callback may call a job.  Calls other threads keep making meanwhile (a daemon thread
+        at exit) do not hold it back."""
+        self.wait_for_calls_made()
         with self._cond:
+            self._closed = why
             self._wait_idle_locked()
-            self._closed = True
         self.compute.stop()
         self.callbacks.stop()
-        atexit.unregister(self._atexit)
+        _pipelines.discard(self)
         errors, self._errors = list(self._errors), deque()
         return errors
 
@@ -291,10 +327,9 @@ class Pipeline:
                 call.fail_after_fork()
         self._unfinished = {}
         self._origins = {}
-        self._closed = True
+        self._closed = "the process forked: this child's calls run in the new default session's pipeline"
         self._cond = threading.Condition()
         self._compute_lock = threading.Lock()
-        atexit.unregister(self._atexit)
         _pipelines.discard(self)
 
     def drain_at_exit(self) -> None:
@@ -317,7 +352,7 @@ class Pipeline:
                 print(f"flowc: interrupted; {pending} job call(s) in flight were abandoned", file=sys.stderr)
             return
         try:
-            errors = self.close()
+            errors = self.close(EXITING)
         except KeyboardInterrupt:
             return
         for err in errors:
@@ -331,5 +366,30 @@ class LateCallback:
 
     def __init__(self, call: Call, callback) -> None:
         self.call = call
+        self.job = call.job
         self.callback = callback
         self.ticket = 0
+
+
+_after_exit_drain: list[Callable[[], None]] = []
+
+
+def call_after_exit_drain(action: Callable[[], None]) -> None:
+    """Run `action` at interpreter exit once every pipeline has drained (the master of several ranks
+    tells its workers to exit there: the callbacks drained before may still call jobs)."""
+    _after_exit_drain.append(action)
+
+
+def _drain_all_at_exit() -> None:
+    try:
+        for pipeline in list(_pipelines):
+            pipeline.drain_at_exit()
+    finally:
+        while _after_exit_drain:
+            _after_exit_drain.pop(0)()
+
+
+# Registered when flowc is imported (flow imports the session, which imports this module), so the
+# script's own exit handlers, registered later, run first and may still call jobs (atexit runs
+# its handlers last registered first).
+atexit.register(_drain_all_at_exit)

@@ -16,6 +16,7 @@ import numpy as np
 
 from flowc.compiler.errors import TraceError
 from flowc.compiler.ir import TensorType, numpy_dtype
+from flowc.runtime import pipeline as pipeline_module    # imported with flowc: it registers the exit drain then
 
 
 @dataclass
@@ -166,8 +167,7 @@ class Session:
             return pipeline
         with self._lock:
             if self._pipeline is None:
-                from flowc.runtime.pipeline import Pipeline
-                self._pipeline = Pipeline()
+                self._pipeline = pipeline_module.Pipeline()
             return self._pipeline
 
     # -- calls, and the clear that waits for them ------------------------------------------
@@ -203,8 +203,7 @@ class Session:
         """Wait for every call made so far; then the host arrays hold the variables' current values
         (GPU jobs keep theirs on the device: they are copied back here).  Refused inside a callback,
         where it would wait for the callback's own call."""
-        from flowc.runtime.pipeline import refuse_inside_callback
-        refuse_inside_callback(what)
+        pipeline_module.refuse_inside_callback(what)
         if self._pipeline is not None:
             self._pipeline.sync(what)
         with self.holding_steps():
@@ -272,8 +271,7 @@ def clear_default_session() -> None:
     first (steps and callbacks), then the old session's threads stop.  Refused inside a callback,
     where it would wait for the callback's own call."""
     global _default
-    from flowc.runtime.pipeline import refuse_inside_callback
-    refuse_inside_callback("flow.clear_default_session()")
+    pipeline_module.refuse_inside_callback("flow.clear_default_session()")
     with _default_lock:
         old, _default = _default, None
         if old is not None and old.cluster is not None:
