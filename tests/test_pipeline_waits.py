@@ -9,7 +9,6 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 
 import flow
 import flow.typing as tp
+from tests.bounded_wait import within
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 X = np.ones(4, np.float32)
@@ -54,25 +54,6 @@ def async_job(x: tp.Numpy.Placeholder((4,))) -> tp.Callback[tp.Numpy]:
 @flow.global_function()
 def failing(x: tp.Numpy.Placeholder((4,)), y: tp.Numpy.Placeholder((4,), dtype=flow.int32)):
     return flow.nn.sparse_softmax_cross_entropy_with_logits(y, flow.reshape(x, (4, 1)) * 1.0)
-
-
-def within(action, seconds: float = 60.0):
-    """`action()`'s value; a test failure (not a hung suite) if it has not returned in time."""
-    out: list = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(action())
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            errors.append(err)
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"{getattr(action, '__name__', action)} did not return within {seconds} s"
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ import pytest
 import flow
 import flow.typing as tp
 from flowc.runtime.session import default_session
+from tests.bounded_wait import within
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N, IN, OUT = 16, 32, 4
@@ -246,48 +247,31 @@ def test_old_api_get_and_async_get():
     assert all(f.get().numpy().shape == (N,) for f in futures)
 
 
-def in_thread(action, seconds: float = 60.0) -> None:
-    """Run `action` on a thread and fail (rather than hang the suite) if it has not returned in time."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            action()
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            errors.append(err)
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"{action.__name__} did not return within {seconds} s"
-    if errors:
-        raise errors[0]
-
-
 def test_a_sync_point_does_not_wait_for_an_old_api_result_nobody_took_yet():
     x, y = BATCHES[0]
     held = old_train(x, y)              # neither .get() nor .async_get() yet
     later = []
     async_train(x, y)(later.append)     # its callback waits behind the held result
-    in_thread(flow.sync_default_session)
+    within(flow.sync_default_session)
     assert len(later) == 1
     assert held.get().numpy().shape == (N,)     # the result is still there
     late = old_train(x, y)
-    in_thread(flow.sync_default_session)
+    within(flow.sync_default_session)
     got = []
     late.async_get(lambda r: got.append(r.numpy()))    # registered after the sync point passed it
-    in_thread(flow.sync_default_session)
+    within(flow.sync_default_session)
     assert len(got) == 1 and got[0].shape == (N,)
     registrar = async_train(x, y)       # the same for a callback registered late
-    in_thread(flow.sync_default_session)
+    within(flow.sync_default_session)
     registrar(got.append)
-    in_thread(flow.sync_default_session)
+    within(flow.sync_default_session)
     assert len(got) == 2
 
 
 def test_clear_default_session_does_not_wait_for_an_old_api_result_nobody_took():
     x, y = BATCHES[0]
     held = old_train(x, y)
-    in_thread(flow.clear_default_session)
+    within(flow.clear_default_session)
     assert held.get().numpy().shape == (N,)
 
 
