@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["CacheTrustWarning", "ROOT_UID", "current_uid", "is_writable", "make_private_folder",
-           "private_fallback_folder", "why_untrusted"]
+           "private_fallback_folder", "remove_private_folders", "why_untrusted"]
 
 # The superuser owns system-wide, pre-filled caches; a module variable so tests can pretend otherwise.
 ROOT_UID = 0
@@ -82,14 +82,22 @@ def make_private_folder(path: Path) -> None:
         pass
 
 
+_private_folders: list[tuple[Path, int]] = []     # (folder, the pid that made it): removed at its exit
+
+
 def private_fallback_folder(purpose: str) -> Path:
     """A new folder only this user can read, removed when this process exits (not when a forked child does)."""
     folder = Path(tempfile.mkdtemp(prefix=f"flowc-private-{purpose}-"))
-    creator = os.getpid()
+    if not _private_folders:
+        atexit.register(remove_private_folders)
+    _private_folders.append((folder, os.getpid()))
+    return folder
 
-    def remove() -> None:
+
+def remove_private_folders() -> None:
+    """Remove the folders `private_fallback_folder` made in this process: at its exit, or before a
+    worker of several ranks ends without running the script's exit handlers."""
+    while _private_folders:
+        folder, creator = _private_folders.pop()
         if os.getpid() == creator:
             shutil.rmtree(folder, ignore_errors=True)
-
-    atexit.register(remove)
-    return folder

@@ -54,6 +54,9 @@ WATCH_SECONDS = 0.2
 # How long a rank spins on MPI's probe for the next message before it sleeps between probes: longer
 # than the master's Python work between two steps of a small job, short next to a pause.
 SPIN_SECONDS = 0.01
+# How long a worker on another host than the master's waits after MPI's end before it exits (it
+# cannot see the master's process end): see Cluster._outlive_master.
+OUTLIVE_SECONDS = 1.0
 # The tags of the pickled control messages and of the raw arrays that follow them (shares, results).
 CONTROL_TAG = 0
 DATA_TAG = 7
@@ -148,13 +151,22 @@ class Cluster:
         return sum(e.waited_seconds() for e in self.engines)
 
     def end_if_no_job_call(self) -> None:
-        """At a worker's exit: one whose script ended or raised before its first job call, after this
-        cluster was made (an early get_all_variables() or checkpoint call traces the jobs), tells the
-        master why and ends at once.  Left to MPI's end it would wait there for the master, and the
-        master for its answer, until FLOWC_COMM_TIMEOUT."""
+        """At a worker's exit: one whose script raised before its first job call, after this cluster
+        was made (an early get_all_variables() or checkpoint call traces the jobs), tells the master
+        why and ends at once.  Left to MPI's end it would wait there for the master, and the master
+        for its answer, until FLOWC_COMM_TIMEOUT.  One whose script simply ended waits for the
+        master's next word: "exit" when the master's script made no job call either (a clean end),
+        else a step it cannot run, which it answers the same way."""
         if self.serving or self.world.is_master:
             return
         error = getattr(sys, "last_value", None)         # the uncaught exception Python just printed
+        while error is None and not self.broken:
+            wait_for_message(self.control, 0, CONTROL_TAG, None)
+            kind = self.control.recv(source=0, tag=CONTROL_TAG)[0]
+            if kind == "exit":
+                self.end_worker()
+            if kind not in ("clear", "variables"):     # a step, or the rows of split variables: it must answer
+                break
         why = f"{type(error).__name__}: {error}" if error is not None else "its script ended"
         text = (f"rank {self.world.rank} stopped before its first job call ({why}); every rank must make the "
                 "same job calls")
@@ -239,8 +251,13 @@ class Cluster:
     # -- a worker's side ---------------------------------------------------------------------
     def serve(self, session: Session) -> None:
         """Run the master's steps until it says exit; then end this process (a worker never goes back
-        to the script: only the master prints, saves and fires callbacks)."""
-        self.serving = True
+        to the script: only the master prints, saves and fires callbacks).  A second thread's job
+        call waits here for good: the first one serves, and ends the process."""
+        with _serve_lock:
+            first = not self.serving
+            self.serving = True
+        if not first:
+            threading.Event().wait()
         served: dict[tuple[str, int], tuple[LoadedStep, list[np.ndarray]]] = {}  # (job, ordinal) -> step, input buffers
         # The master's values of variables no job has declared here yet (a worker traces a job only at
         # its first step): written as soon as a traced job declares them.
@@ -318,16 +335,34 @@ class Cluster:
                 self.control.Send(np.ascontiguousarray(value), dest=0, tag=DATA_TAG)
         for engine in self.engines:
             engine.close()
+        self.end_worker()
+
+    def end_worker(self) -> None:
+        """End this worker once the master's script has ended: MPI, then the process.  Not through
+        SystemExit: the script's own exit handlers are the master's to run (they may call jobs), and
+        when the first job call came from another thread, SystemExit would end that thread only."""
+        from flowc.compiler.cache_trust import remove_private_folders
+        self._closed = True              # the watchdog must not take the master's end for a loss
+        remove_private_folders()
         sys.stdout.flush()
         sys.stderr.flush()
-        if threading.current_thread() is threading.main_thread():
-            sys.exit(0)
-        # The script's first job call was made from another thread, which served here: SystemExit would
-        # end that thread only, and the main thread would go on running the script on a worker.  This
-        # thread started MPI, so it ends it, and then the process.
         from mpi4py import MPI
         MPI.Finalize()
+        self._outlive_master()
         os._exit(0)
+
+    def _outlive_master(self) -> None:
+        """Wait for the master's process to end (on this host; elsewhere, a moment): MPICH's mpiexec
+        takes a worker that ends first for the job's end, and then reports 0, or kills the master,
+        instead of the master's exit status."""
+        host, pid = self.peers[0]
+        if host != socket.gethostname():
+            time.sleep(OUTLIVE_SECONDS)
+            return
+        deadline = time.monotonic() + 30.0
+        # until its launcher has reaped it (a zombie has ended, but its status is not collected yet)
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray]]:
         """The step of job `job_name` (the `ordinal`-th job function of that name) on this worker (built
@@ -587,8 +622,16 @@ def _configure_buckets(session: Session) -> None:
 def join(session: Session, job_module: str | None = None) -> Cluster | None:
     """The session's cluster when this process was launched as one of several MPI ranks (made at
     the first job call, before any job is traced: their graphs depend on the number of ranks).
-    `job_module` is the module of the job being called or traced (see `relaunch_alone`)."""
+    `job_module` is the module of the job being called or traced (see `relaunch_alone`).  Threads
+    making their first calls at once make one cluster."""
     if session.joined:
+        return session.cluster
+    with _join_lock:
+        return _join(session, job_module)
+
+
+def _join(session: Session, job_module: str | None) -> Cluster | None:
+    if session.joined:                   # another thread joined while this one waited for the lock
         return session.cluster
     world = detect_world()
     relaunch_alone(world, job_module)
@@ -599,19 +642,26 @@ def join(session: Session, job_module: str | None = None) -> Cluster | None:
     # MPI's start waits for every rank: one that already ended is an error now (the next call asks
     # again), one that ends while this rank waits ends it (runtime/arrival_watch.py), not a wait without end
     arrivals = check_arrivals(world)
-    session.joined = True
     try:
         cluster = Cluster(world)
+    except BaseException:
+        session.joined = True
+        raise
     finally:
         arrivals.stop()
     session.cluster = cluster
     session.ranks = world.size
     _configure_buckets(session)
+    session.joined = True           # last: another thread's first call reads it without the lock
     if world.is_master:
         call_after_exit_drain(cluster.shutdown)     # after the callbacks in flight, and the calls they make
     else:
         atexit.register(cluster.end_if_no_job_call)
     return cluster
+
+
+_join_lock = threading.Lock()
+_serve_lock = threading.Lock()
 
 
 def wait_for_message(control, source: int, tag: int, timeout: float | None) -> bool:

@@ -380,6 +380,11 @@ class JobFunction:
             if synchronous:
                 pipeline.raise_pending_error()
             in_callback = running_callback_of() is not None
+            if in_callback and synchronous and not ready.session.usable:
+                raise RuntimeError(f"job {self.name!r} was called inside a callback while "
+                                   f"flow.clear_default_session() clears the session on every rank: its "
+                                   f"step waits for that clear, and the clear for this callback.  Call it "
+                                   f"asynchronously (-> tp.Callback), or after the clear")
             # Inside a callback, waiting for room would wait for this very callback to return.
             hold = ready.register.acquire(wait_for_room=not in_callback,
                                           callbacks_waiting_for_caller=pipeline.callbacks_wait_for_caller)

@@ -142,6 +142,7 @@ class Pipeline:
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
+            ready.session.wait_until_usable()
             with self._compute_lock:
                 return ready.compute_borrowed(hold.slot, arrays)
         finally:
@@ -160,6 +161,7 @@ class Pipeline:
         try:
             if self._abandoned:
                 raise KeyboardInterrupt("abandoned at interpreter exit")
+            call.ready.session.wait_until_usable()
             with self._compute_lock:
                 call.outputs = call.ready.compute(call.hold.slot)
         except BaseException as err:      # kept for the caller or the next sync point

@@ -155,6 +155,10 @@ class Session:
         self._lock = threading.Condition(threading.Lock())  # guards the pipeline's creation, _calling, _closed
         self._calling = 0          # calls between taking this session and handing their step over
         self._closed = False
+        # Set once the session may run steps: a session that replaces a cleared one on several ranks
+        # waits until every worker has cleared its own (clear_default_session).
+        self._usable = threading.Event()
+        self._usable.set()
         # Every job function of the session, in order, kept as OneFlow's session keeps its jobs (until
         # clear_default_session), so that the session's initialization can trace them.
         self._job_functions: list[Any] = []
@@ -187,11 +191,22 @@ class Session:
             if self._closed:
                 self._lock.notify_all()
 
+    def wait_until_usable(self) -> None:
+        """Before a step (or a consistent cut of the variables): wait while clear_default_session
+        makes this session the workers' too."""
+        while not self._usable.wait(timeout=0.1):    # a timeout keeps Ctrl-C working
+            pass
+
+    @property
+    def usable(self) -> bool:
+        return self._usable.is_set()
+
     @contextlib.contextmanager
     def holding_steps(self) -> Iterator[None]:
         """No step of this session runs inside, so variables and step counters form one consistent
         cut (checkpoint saves).  GPU variables are copied to the host inside, before the caller
         reads them, and so are the other ranks' slices of variables split over them."""
+        self.wait_until_usable()
         with self.pipeline.holding_steps():
             from flowc.runtime.devices import sync_to_host
             sync_to_host(self)
@@ -277,11 +292,20 @@ def clear_default_session() -> None:
         if old is not None and old.cluster is not None:
             # A distributed run keeps its ranks: the new session is on the same cluster, and the
             # workers clear theirs at the same point of the master's script (runtime/distributed.py).
+            # Other threads may take it at once, but its steps wait (`wait_until_usable`) until the
+            # old session's calls are done and the workers have cleared theirs: before, a step would
+            # reach them first and run on their old variables.
             _default = Session(ranks=old.ranks, bucket_bytes=old.bucket_bytes, cluster=old.cluster, joined=True)
+            _default._usable.clear()
+        new = _default
     if old is not None:
-        old.close()
-        if old.cluster is not None:
-            old.cluster.session_cleared()
+        try:
+            old.close()
+            if old.cluster is not None:
+                old.cluster.session_cleared()
+        finally:
+            if new is not None:
+                new._usable.set()
 
 
 def sessions_after_fork() -> list[Session]:

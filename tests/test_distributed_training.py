@@ -194,6 +194,26 @@ def test_a_worker_waiting_for_the_masters_next_call_leaves_its_core_free():
     assert used < 1.0, proc.stdout
 
 
+@pytest.mark.parametrize("mode", ["clear_from_thread", "exit_handler", "thread_then_main", "two_first_calls",
+                                  "exit_from_thread", "exit_after_trace"])
+def test_threads_clears_and_exits_end_on_two_ranks_as_in_one_process(mode):
+    """Regressions: a clear racing a thread's calls trained on the workers' old variables; an exit
+    handler ran on the workers and hung the run; a worker served twice; two first calls made two
+    clusters (MPI aborted); a worker that ended first made mpiexec report 0 for the master's status;
+    a clean end after an early trace was taken for a rank that stopped."""
+    script = str(ROOT / "tests" / "distributed" / "threads_and_exits.py")
+    one = subprocess.run([sys.executable, script, mode], capture_output=True, text=True, timeout=300,
+                         env=environment())
+    two = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, script, mode], capture_output=True, text=True,
+                         timeout=300, env=environment())
+    assert one.returncode == two.returncode, (one.returncode, two.returncode, two.stderr)
+    assert "lost" not in two.stderr and "stopped before" not in two.stderr, two.stderr
+    if mode == "exit_after_trace":      # before the first job call, every rank runs the script
+        assert two.stdout.count("['d-bias', 'd-weight']") == 2 == 2 * one.stdout.count("['d-bias', 'd-weight']")
+    else:
+        assert two.stdout == one.stdout, two.stderr
+
+
 def test_clearing_the_session_mid_run_clears_it_on_every_rank(tmp_path):
     run(1, "mlp", "4", str(tmp_path / "one.npz"), "--clear-after", "2")
     run(2, "mlp", "4", str(tmp_path / "two.npz"), "--clear-after", "2")
