@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import shlex
 import socket
@@ -54,9 +55,6 @@ WATCH_SECONDS = 0.2
 # How long a rank spins on MPI's probe for the next message before it sleeps between probes: longer
 # than the master's Python work between two steps of a small job, short next to a pause.
 SPIN_SECONDS = 0.01
-# How long a worker on another host than the master's waits after MPI's end before it exits (it
-# cannot see the master's process end): see Cluster._outlive_master.
-OUTLIVE_SECONDS = 1.0
 # The tags of the pickled control messages and of the raw arrays that follow them (shares, results).
 CONTROL_TAG = 0
 DATA_TAG = 7
@@ -340,7 +338,12 @@ class Cluster:
     def end_worker(self) -> None:
         """End this worker once the master's script has ended: MPI, then the process.  Not through
         SystemExit: the script's own exit handlers are the master's to run (they may call jobs), and
-        when the first job call came from another thread, SystemExit would end that thread only."""
+        when the first job call came from another thread, SystemExit would end that thread only.
+
+        Through the C library's exit, not os._exit: the MPI library's own exit handlers must run.
+        Without them MPICH's launcher takes this rank's end for the job's and reports 0 (or kills
+        the master) instead of the master's exit status, and the master's MPI end may wait for this
+        process until it has gone."""
         from flowc.compiler.cache_trust import remove_private_folders
         self._closed = True              # the watchdog must not take the master's end for a loss
         remove_private_folders()
@@ -348,21 +351,9 @@ class Cluster:
         sys.stderr.flush()
         from mpi4py import MPI
         MPI.Finalize()
-        self._outlive_master()
-        os._exit(0)
-
-    def _outlive_master(self) -> None:
-        """Wait for the master's process to end (on this host; elsewhere, a moment): MPICH's mpiexec
-        takes a worker that ends first for the job's end, and then reports 0, or kills the master,
-        instead of the master's exit status."""
-        host, pid = self.peers[0]
-        if host != socket.gethostname():
-            time.sleep(OUTLIVE_SECONDS)
-            return
-        deadline = time.monotonic() + 30.0
-        # until its launcher has reaped it (a zombie has ended, but its status is not collected yet)
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.005)
+        # PyDLL holds the interpreter lock: no Python thread runs while the libraries are torn down
+        ctypes.PyDLL(None).exit(0)
+        os._exit(0)                      # (not reached)
 
     def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray]]:
         """The step of job `job_name` (the `ordinal`-th job function of that name) on this worker (built

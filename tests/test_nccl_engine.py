@@ -97,10 +97,14 @@ def test_a_comm_call_renders_with_addresses_from_the_table():
            "comm->data(comm->ctx, 0)) + 8), reinterpret_cast<float*>(buffers[0]), 5, s)" in exchange
 
 
-def _run_ranks(*args: str, env: dict[str, str] | None = None, ranks: int = 2) -> subprocess.CompletedProcess:
+def _run_ranks(*args: str, env: dict[str, str] | None = None, ranks: int = 2,
+               cleanup: bool = True) -> subprocess.CompletedProcess:
+    """`cleanup=False`: Hydra does not kill the other ranks when one ends with an error, so each rank
+    prints its own error (else a slow rank may be killed halfway through its traceback)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "FLOWC_COMM_TIMEOUT": "60",
                    **(env or {})}
-    return subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT), *args],
+    launcher = [str(MPIEXEC)] + ([] if cleanup else ["-disable-auto-cleanup"]) + ["-n", str(ranks)]
+    return subprocess.run(launcher + [sys.executable, str(SCRIPT), *args],
                           capture_output=True, text=True, timeout=300, env=environment)
 
 
@@ -160,7 +164,7 @@ def test_an_nccl_failure_stops_the_step_with_the_reason(env, code, reason):
      "(1 s): a rank did not join the communicator"),
 ], ids=["unique_id", "init", "missing_on_one_rank", "a_rank_never_joins"])
 def test_a_bootstrap_failure_is_an_error_on_every_rank(env, message):
-    proc = _run_ranks("sgd", "1", env=env)
+    proc = _run_ranks("sgd", "1", env=env, cleanup=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert proc.stderr.count("DistributedError: NCCL could not start") == 2     # no rank left waiting
