@@ -50,11 +50,11 @@ class Call:
         # flow.watch / flow.watch_diff handlers: (WatchSpec, index in the outputs), run after the step
         traced = getattr(ready, "traced", None)
         self.watches: list = list(getattr(traced, "watches", None) or [])
-        self.watched = threading.Event()    # the watch handlers have run (or will not)
+        # The callback thread has run the watch handlers, or passed this call (or will not see it):
+        # the callbacks of earlier calls have run, so .get() raises their errors before its result.
+        self.watched = threading.Event()
         self.watch_errors: list[BaseException] = []
         self.caller_takes_watch_errors = False   # a sync call raises its handlers' errors itself
-        if not self.watches:
-            self.watched.set()
 
     def decide(self, callback: Callable | None) -> bool:
         """Fix what runs when the step is done; False when a sync point has parked the call already

@@ -172,6 +172,7 @@ class Pipeline:
         if call.wants_callback:
             self.callbacks.post(call)
         else:
+            call.watched.set()
             register.finish(call.hold)
             self._finished(call.ticket)
 
@@ -263,9 +264,11 @@ class Pipeline:
             call.park()
 
     def wait_watched(self, call: Call) -> None:
-        """Wait until `call`'s watch handlers have run on the callback thread, parking an earlier
-        result that thread waits for (the handlers run after it)."""
+        """Wait until the callback thread has reached `call` and run its watch handlers (the earlier
+        calls' callbacks have run then), parking an earlier result that thread waits for."""
         while not call.watched.wait(timeout=0.1):    # a timeout keeps Ctrl-C working
+            if self._abandoned:                       # (the callback thread runs no more)
+                return
             awaited = self._awaiting
             if awaited is not None and awaited.ticket < call.ticket:
                 awaited.park()

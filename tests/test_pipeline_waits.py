@@ -81,6 +81,7 @@ def test_get_of_a_watched_old_api_call_inside_a_callback_returns():
 
 def test_get_that_raises_an_earlier_error_keeps_its_own_result():
     def broken(value):
+        time.sleep(0.3)         # still running when the later step is done: .get() waits for it
         raise ValueError("an earlier callback failed")
     async_job(X)(broken)
     future = old_job(X)
