@@ -85,7 +85,8 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
         split = _split_variables(ctx, ranks)
         _warn_device_placements(ctx, ranks)
         graph, distribution = distribute(graph, ranks, getattr(session, "bucket_bytes", DEFAULT_BUCKET_BYTES),
-                                         mirrored=ctx.logical_view == "mirrored", split_variables=split)
+                                         mirrored=ctx.logical_view == "mirrored", split_variables=split,
+                                         rank=getattr(session, "rank", 0))
     return TracedJob(graph, layout, optimizer, watches, distribution)
 
 

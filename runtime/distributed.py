@@ -41,6 +41,7 @@ from flowc.compiler.errors import DistributedError
 from flowc.compiler.fingerprint import first_difference, locations, signature
 from flowc.compiler.ir import numpy_dtype
 from flowc.compiler.ops.random_shards import RANK_SCALAR
+from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.layouts import BROADCAST
 from flowc.runtime.arrival_watch import alive, check_arrivals
 from flowc.runtime.collectives import CommEngine
@@ -256,7 +257,8 @@ class Cluster:
             self.serving = True
         if not first:
             threading.Event().wait()
-        served: dict[tuple[str, int], tuple[LoadedStep, list[np.ndarray]]] = {}  # (job, ordinal) -> step, input buffers
+        # (job, ordinal) -> its step, the buffers of its inputs, the job's graph before the data-parallel pass
+        served: dict[tuple[str, int], tuple[LoadedStep, list[np.ndarray], Any]] = {}
         # The master's values of variables no job has declared here yet (a worker traces a job only at
         # its first step): written as soon as a traced job declares them.
         pending: dict[str, np.ndarray] = {}
@@ -304,16 +306,16 @@ class Cluster:
             _, job_name, ordinal, scalars, expected = message
             self.job = f"job {job_name!r}"
             try:
-                loaded, inputs = served.get((job_name, ordinal)) or self._loaded(session, job_name, ordinal)
+                loaded, inputs, logical = served.get((job_name, ordinal)) or self._loaded(session, job_name, ordinal)
             except Exception as err:        # the master raises it, naming this rank
                 self.control.send(("error", f"{type(err).__name__}: {err}"), dest=0)
                 continue
             if expected is not None:     # the job's first step: do all ranks run the same graph?
-                mismatch = _compare(expected, loaded.graph, self.world.rank)
+                mismatch = _compare(expected, logical, self.world.rank)
                 self.control.send(("mismatch", mismatch) if mismatch else ("ready", None), dest=0)
                 if mismatch or self.control.recv(source=0, tag=CONTROL_TAG)[0] != "go":
                     continue             # another rank disagreed: no shares come
-                served[job_name, ordinal] = (loaded, inputs)
+                served[job_name, ordinal] = (loaded, inputs, logical)
             if pending:
                 write_values()
             for buffer in inputs:           # the shares arrive as raw buffers, in the inputs' dtypes
@@ -355,9 +357,10 @@ class Cluster:
         ctypes.PyDLL(None).exit(0)
         os._exit(0)                      # (not reached)
 
-    def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray]]:
+    def _loaded(self, session: Session, job_name: str, ordinal: int) -> tuple[LoadedStep, list[np.ndarray], Any]:
         """The step of job `job_name` (the `ordinal`-th job function of that name) on this worker (built
-        at its first step) and buffers for its inputs."""
+        at its first step), buffers for its inputs, and the job's graph as traced (before the
+        data-parallel pass: the ranks' own graphs differ where the batch does not divide)."""
         from flowc.runtime.job import job_function_named
         job = session.job_named(job_name, ordinal) or job_function_named(job_name, ordinal)
         if job is None:
@@ -365,9 +368,12 @@ class Cluster:
             raise DistributedError(f"{which} is not defined on rank {self.world.rank}: define every job "
                                    "function before the first job call, the same on every rank")
         with _quiet():       # the master prints and warns what the job functions do while traced, once
-            loaded = job._ensure_ready().loaded
+            ready = job._ensure_ready()
+        distribution = ready.traced.distribution
+        loaded = ready.loaded
         loaded = loaded.inner if isinstance(loaded, DistributedStep) else loaded
-        return loaded, _slot_inputs(loaded) or _buffers(loaded.graph, loaded.graph.placeholders)
+        logical = distribution.logical if distribution is not None and distribution.logical else loaded.graph
+        return loaded, _slot_inputs(loaded) or _buffers(loaded.graph, loaded.graph.placeholders), logical
 
 
 @contextlib.contextmanager
@@ -405,8 +411,12 @@ class DistributedStep(LoadedStep):
         # the job's name and which job function of that name it is (0: the first defined)
         self.inner, self.cluster, self.job_name, self.ordinal = inner, cluster, job_name, ordinal
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
+        self.distribution = traced.distribution
         self.layouts = traced.distribution.outputs
         self.mirrored = traced.distribution.mirrored
+        # what every rank must have traced alike (the ranks' graphs differ where the batch does not divide)
+        self.logical = traced.distribution.logical or self.graph
+        self.split = traced.distribution.split or BatchSplit(cluster.ranks)
         # the split variables this job updates, and the variables it reads whole
         self.sharded_writes = set(traced.distribution.sharded) & set(self.graph.assigns)
         self.whole_reads = set(self.graph.variables) - set(traced.distribution.sharded)
@@ -428,19 +438,23 @@ class DistributedStep(LoadedStep):
             typed = [np.asarray(a, dtype=numpy_dtype(graph.node(p).type.dtype))
                      for a, p in zip(arrays, graph.placeholders)]
             bad_labels = self._labels_out_of_range(typed)
-            # rank r's rows (the placeholders' batch axis divides over the ranks: the pass checked), or
-            # the whole input; plain slices, as np.split's per-call overhead is a tenth of a small job's step
-            rows = [a.shape[0] // ranks if a.ndim and i not in self.whole_inputs else 0 for i, a in enumerate(typed)]
-            for i, (a, n, p) in enumerate(zip(typed, rows, graph.placeholders)):
-                if i not in self.whole_inputs and (not a.ndim or n * ranks != a.shape[0]):
+            split = self.split
+            for i, (a, p) in enumerate(zip(typed, graph.placeholders)):
+                if i not in self.whole_inputs and (not a.ndim or not split.divides(a.shape[0])):
                     # never drop the rows a slice would leave out
                     raise DistributedError(f"job {self.job_name!r}: input {graph.node(p).name or p!r} of shape "
-                                           f"{list(a.shape)} does not split along axis 0 over {ranks} ranks")
+                                           f"{list(a.shape)} does not split along axis 0 {split.describe()}")
+            # rank r's rows (the pass checked how the batch axis splits), or the whole input; plain
+            # slices, as np.split's per-call overhead is a tenth of a small job's step
+            bounds = [[(0, 0) if i in self.whole_inputs else
+                       (split.first_row(a.shape[0], r), split.first_row(a.shape[0], r) + split.rows(a.shape[0], r))
+                       for i, a in enumerate(typed)] for r in range(ranks)]
             # each share a C-ordered copy unless borrowed as one: the workers receive raw bytes into
             # row-major buffers (a Fortran-ordered share would arrive transposed)
             shards = [[part if borrowed and part.flags.c_contiguous else np.array(part, order="C")
-                       for part in (a if i in self.whole_inputs else a[r * n:(r + 1) * n]
-                                    for i, (a, n) in enumerate(zip(typed, rows)))] for r in range(ranks)]
+                       for part in (a if i in self.whole_inputs else a[start:end]
+                                    for i, (a, (start, end)) in enumerate(zip(typed, bounds[r])))]
+                      for r in range(ranks)]
             self.inner.feed(slot, shards[0], scalars)
         elif scalars:
             self.inner.feed(slot, (), scalars)
@@ -478,7 +492,7 @@ class DistributedStep(LoadedStep):
         if not cluster.variables_sent:
             cluster.send_variables(self.session)
         first = not self._agreed
-        expected = (signature(self.graph), locations(self.graph)) if first else None
+        expected = (signature(self.logical), locations(self.logical)) if first else None
         for rank in range(1, cluster.ranks):
             cluster.control.send(("step", self.job_name, self.ordinal, scalars, expected), dest=rank)
         if first:       # no rank may start the step's collectives before all agree on its graph
@@ -525,7 +539,12 @@ class DistributedStep(LoadedStep):
             if status == "error":
                 failed.append(f"rank {rank}: {text}")
                 continue
-            outputs = _buffers(self.graph, self.graph.outputs)
+            if self.split.even:
+                outputs = _buffers(self.graph, self.graph.outputs)
+            else:                   # its shares' shapes, not this rank's
+                outputs = [np.empty(self.distribution.output_shape(i, rank),
+                                    dtype=numpy_dtype(self.graph.node(o).type.dtype))
+                           for i, o in enumerate(self.graph.outputs)]
             for buffer in outputs:
                 cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
             per_rank.append(outputs)

@@ -51,6 +51,11 @@ class Session:
     cluster: Any = None
     joined: bool = False
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the cluster (0: the master, or a process launched alone)."""
+        return self.cluster.world.rank if self.cluster is not None else 0
+
     def add_job_function(self, job: Any) -> None:
         """Remember a job function of this session (decorated while it was the default one, or called in
         it): `trace_jobs` traces it."""

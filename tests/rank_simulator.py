@@ -20,6 +20,7 @@ import numpy as np
 from flowc.compiler.ir import Graph, Node, numpy_dtype
 from flowc.compiler.ops import OPS
 from flowc.compiler.ops.random_shards import RANK_SCALAR
+from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.data_parallel import Distribution
 from flowc.compiler.reference import evaluate_node
 
@@ -41,23 +42,36 @@ def _collective(n: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     raise AssertionError(f"no simulation of {n.op}")
 
 
-def run_ranks(local: Graph, distribution: Distribution, ranks: int, inputs: Sequence[np.ndarray],
+def _shares(x: np.ndarray, split: BatchSplit) -> list[np.ndarray]:
+    """Each rank's rows of input `x`, as the runtime feeds them (the balanced split when uneven)."""
+    x = np.asarray(x)
+    first = [split.first_row(len(x), r) for r in range(split.ranks)]
+    return [x[f:f + split.rows(len(x), r)] for r, f in enumerate(first)]
+
+
+def run_ranks(local: Graph | Sequence[Graph], distribution: Distribution, ranks: int, inputs: Sequence[np.ndarray],
               variables: Mapping[str, np.ndarray], scalars: Mapping[str, float]) -> tuple[list, dict]:
     """The logical outputs and assigned variables of `local` run on `ranks` simulated ranks, given
-    the logical (global) `inputs` and `variables`."""
-    shares = [np.split(np.asarray(x), ranks, axis=0) for x in inputs]
+    the logical (global) `inputs` and `variables`.  `local`: the ranks' one graph, or each rank's own
+    (a batch that does not divide over the ranks: the same ops, with shapes of their own)."""
+    graphs = list(local) if isinstance(local, (list, tuple)) else [local] * ranks
+    assert len(graphs) == ranks and all(len(g.nodes) == len(graphs[0].nodes) for g in graphs)
+    split = distribution.split or BatchSplit(ranks)
+    shares = [_shares(x, split) for x in inputs]
     sharded = set(distribution.sharded)
     per_rank_vars = [{name: (np.split(v, ranks, axis=0)[r] if name in sharded else v)
                       for name, v in variables.items()} for r in range(ranks)]
     values: list[dict[int, np.ndarray]] = [{} for _ in range(ranks)]
-    for n in local.nodes:
+    for index, n in enumerate(graphs[0].nodes):
+        assert all(g.nodes[index].op == n.op for g in graphs), f"the ranks' graphs differ at op {index}"
         if OPS[n.op].kind == "collective":
             for r, value in enumerate(_collective(n, [values[r][n.inputs[0]] for r in range(ranks)])):
                 values[r][n.id] = value.astype(numpy_dtype(n.type.dtype))
             continue
         for r in range(ranks):
-            values[r][n.id] = evaluate_node(n, values[r], [s[r] for s in shares], per_rank_vars[r],
-                                            {**scalars, RANK_SCALAR: r})
+            values[r][n.id] = evaluate_node(graphs[r].nodes[index], values[r], [s[r] for s in shares],
+                                            per_rank_vars[r], {**scalars, RANK_SCALAR: r})
+    local = graphs[0]
     outputs = []
     for o, layout in zip(local.outputs, distribution.outputs):
         parts = [values[r][o] for r in range(ranks)]

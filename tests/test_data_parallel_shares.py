@@ -59,6 +59,7 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     import pytest
 
     from flowc.compiler.errors import DistributedError
+    from flowc.compiler.passes.batch_split import BatchSplit
     from flowc.runtime.distributed import DistributedStep
     from tests.test_model_parallel_pass import logical_and_ranks
 
@@ -70,6 +71,7 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     fed = []
     step.inner = types.SimpleNamespace(feed=lambda slot, arrays, scalars: fed.append(arrays))
     step.whole_inputs = set()
+    step.split = BatchSplit(2)
     images = np.zeros((B - 1, 1, 4, 4), np.float32)
     with pytest.raises(DistributedError, match=r"input .* of shape \[7, 1, 4, 4\] does not split along axis 0 over 2"):
         step.feed(object(), [images, np.zeros(B - 1, np.int32)])
@@ -83,6 +85,17 @@ def test_the_master_refuses_an_input_whose_rows_do_not_split_over_the_ranks():
     shares, _, bad_labels = step._pending[id(slot)]
     assert bad_labels is None
     np.testing.assert_array_equal(shares[1][1], labels)
+    # a batch of 7 split as OneFlow's balanced splitter does: rows 0-3 on rank 0, 4-6 on rank 1
+    step.split, step.whole_inputs = BatchSplit(2, B - 1), set()
+    images = np.arange(B - 1, dtype=np.float32).reshape(-1, 1, 1, 1) * np.ones((1, 1, 4, 4), np.float32)
+    slot = object()
+    step.feed(slot, [images, labels])
+    assert [a.shape for a in fed[-1]] == [(4, 1, 4, 4), (4,)]
+    shares, _, _ = step._pending[id(slot)]
+    np.testing.assert_array_equal(shares[1][0][:, 0, 0, 0], [4, 5, 6])
+    np.testing.assert_array_equal(shares[1][1], labels[4:])
+    with pytest.raises(DistributedError, match=r"does not split along axis 0 like the batch of 7 examples"):
+        step.feed(object(), [np.zeros((B, 1, 4, 4), np.float32), np.zeros(B, np.int32)])
     assert not np.shares_memory(shares[1][1], labels)      # a copy: the caller may reuse its array
 
 

@@ -66,6 +66,16 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(model, tmp_path
         set(np.load(tmp_path / "two.npz").files)
 
 
+@pytest.mark.parametrize("model", ["lenet", "bn"])
+def test_a_batch_that_does_not_divide_over_the_ranks_trains_as_one_process(model, tmp_path):
+    """31 examples over 2 ranks: 16 + 15, each rank a program of its own shapes; lenet's dropout
+    draws rank 1's mask from example 16 on, bn weighs the ranks' statistics 16/31 and 15/31."""
+    run(1, model, "3", str(tmp_path / "one.npz"), "--batch", "31")
+    run(2, model, "3", str(tmp_path / "two.npz"), "--batch", "31")
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+    assert np.load(tmp_path / "two.npz")["logits"].shape[0] == 31
+
+
 @pytest.mark.parametrize("model", ["lenet", "deep"])
 def test_one_gradient_per_bucket_is_summed_from_where_it_lies(model, tmp_path):
     """nccl_fusion_threshold_mb(0): each bucket holds one gradient, which the engine sums without

@@ -54,8 +54,9 @@ from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes import model_parallel
+from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.batch_statistics import synced_statistics
-from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, ROW_SLICED, SPLIT, layout_error
+from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, SPLIT, layout_error
 
 # OneFlow's default fusion threshold of its collectives (flow.config.collective_boxing.nccl_fusion_threshold_mb)
 DEFAULT_BUCKET_BYTES = 16 << 20
@@ -104,12 +105,25 @@ class Distribution:
     `mirrored`: every rank ran its own batch (OneFlow's mirrored view): results are per rank.
     `sharded`: the variables each rank holds a slice of (model parallelism: rank r binds rows
     r·U/N … (r+1)·U/N of the variable's storage).  `inputs`: each placeholder's layout, split (each
-    rank its rows) or broadcast (every rank the whole: batch_axis=None)."""
+    rank its rows) or broadcast (every rank the whole: batch_axis=None).  `split`: how many rows of
+    the batch each rank holds (an uneven batch gives each rank a graph of its own).  `logical`: the
+    job before the pass, which every rank must have traced alike (runtime/distributed.py)."""
     layouts: dict[int, str]
     outputs: list[str]
     mirrored: bool = False
     sharded: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
+    split: BatchSplit | None = None
+    logical: Graph | None = None
+
+    def output_shape(self, index: int, rank: int) -> tuple[int, ...]:
+        """The shape of rank `rank`'s share of output `index` (its graph's, which may differ from this
+        rank's when the batch does not divide over the ranks)."""
+        assert self.logical is not None and self.split is not None
+        shape = self.logical.node(self.logical.outputs[index]).type.shape
+        if self.mirrored:
+            return shape
+        return _local_shape(shape, self.outputs[index], self.split, rank)
 
 
 _error = layout_error
@@ -118,8 +132,10 @@ _error = layout_error
 class _Layouts:
     """The layout rules, one method per kind of op, over the logical graph."""
 
-    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False, model_vars: Iterable[str] = ()) -> None:
+    def __init__(self, graph: Graph, ranks: int, mirrored: bool = False, model_vars: Iterable[str] = (),
+                 split: BatchSplit | None = None) -> None:
         self.graph, self.ranks, self.mirrored = graph, ranks, mirrored
+        self.split = split or BatchSplit(ranks)
         self.model_vars = frozenset(model_vars)          # variables split along axis 0 (model parallelism)
         self.layout: dict[int, str] = {}
         self.reduced: set[tuple[int, int]] = set()     # (consumer, operand): an all_reduce goes between
@@ -203,10 +219,9 @@ class _Layouts:
                                  f"has batch_axis={batch_axis}: flowc splits a job's inputs over its {self.ranks} "
                                  "ranks along axis 0 only; put the samples on axis 0, or pass batch_axis=None "
                                  "to give every rank the whole input")
-            if not n.type.shape or n.type.shape[0] % self.ranks:
+            if not n.type.shape or not self.split.divides(n.type.shape[0]):
                 raise TraceError(f"{n.loc}: placeholder {n.name or n.attr('index')!r} of shape {list(n.type.shape)}: "
-                                 f"its batch axis (axis 0) must be a multiple of the {self.ranks} ranks the job is "
-                                 "split over")
+                                 f"its batch axis (axis 0) must split {self.split.describe()}")
             return SPLIT
         if rule.kind == "source" or not n.inputs:
             if n.op == "variable" and n.attr("name") in self.model_vars:
@@ -308,8 +323,8 @@ class _Layouts:
         node = self.graph.node(i)
         if i in self.relabelled:
             return
-        if node.type.shape[0] % self.ranks:
-            raise _error(node, f"its batch axis {node.type.shape[0]} does not divide over {self.ranks} ranks")
+        if not self.split.divides(node.type.shape[0]):
+            raise _error(node, f"its batch axis {node.type.shape[0]} does not split {self.split.describe()}")
         self.layout[i] = SPLIT
         self.relabelled.add(i)
         if node.op not in FILL_OPS or node.op == "broadcast_to":
@@ -359,8 +374,8 @@ class _Layouts:
             return self._gather(n)
         if n.op == "batch_norm_stats":
             return self._batch_statistics(n)
-        if not out or out[0] % self.ranks:
-            raise _error(n, f"its result {list(out)} has no batch axis that divides over {self.ranks} ranks")
+        if not out or not self.split.divides(out[0]):
+            raise _error(n, f"its result {list(out)} has no batch axis that splits {self.split.describe()}")
         kind = OPS[n.op].kind
         if kind not in ("pointwise", "view") and n.op not in ROWWISE:
             raise _error(n, "flowc does not know how it reads the batch axis")
@@ -426,23 +441,33 @@ class _Layouts:
 
 
 def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = False,
-               split_variables: dict[str, str] | None = None) -> tuple[Graph, Distribution]:
-    """`graph` for one of `ranks` ranks, with its collectives; and the layouts decided.
+               split_variables: dict[str, str] | None = None, rank: int = 0) -> tuple[Graph, Distribution]:
+    """`graph` for rank `rank` of `ranks` ranks, with its collectives; and the layouts decided.
 
     `mirrored` (OneFlow's mirrored view): `graph` already is one rank's job (its placeholders are
     each device's own batch), so no shape changes; the gradients are averaged over the ranks (an
     all_reduce scaled by 1/ranks before each update: each rank's loss is the mean over its own
     batch) and nothing in the forward pass is summed.  `split_variables` (name -> the line that
-    split it): the variables held as slices along axis 0 (compiler/passes/model_parallel.py)."""
+    split it): the variables held as slices along axis 0 (compiler/passes/model_parallel.py).  A batch
+    that divides over the ranks gives every rank the same graph; one that does not is split as
+    OneFlow's BalancedSplitter does (compiler/passes/batch_split.py), and `rank` picks the graph."""
     if ranks < 2:
         raise ValueError(f"distribute: ranks must be >= 2, got {ranks}")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"distribute: rank must be in [0, {ranks}), got {rank}")
     split_variables = {v: line for v, line in (split_variables or {}).items() if v in graph.variables}
     if mirrored and split_variables:
         var, line = next(iter(split_variables.items()))
         raise TraceError(f"{line}: variable {var!r} is split over the devices (model parallelism) in a job of the "
                          "mirrored view, where each device runs its own model: use the consistent view (the "
                          "default) or declare it without distribute")
-    rules = _Layouts(graph, ranks, mirrored, split_variables)
+    split = BatchSplit(ranks) if mirrored else _batch_split(graph, ranks)
+    if not split.even and split_variables:
+        var, line = next(iter(split_variables.items()))
+        raise TraceError(f"{line}: variable {var!r} is split over the devices (model parallelism), whose exchanges "
+                         f"need a batch that divides over the {ranks} ranks, but the batch is {split.batch}: use a "
+                         f"multiple of {ranks}")
+    rules = _Layouts(graph, ranks, mirrored, split_variables, split)
     layout = rules.run()
     scale = 1.0
     if mirrored:
@@ -469,6 +494,10 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     def changed(i: int, target: str, where: Node) -> int:
         if (i, target) not in boxed:
             node = graph.node(i)
+            if not split.even:         # the exchanges move equal blocks (MPI's and NCCL's plain collectives)
+                raise _error(where, f"it reads a {layout[i]} value as {target}, an exchange between the ranks "
+                                    f"that needs a batch dividing over the {ranks} ranks, but the batch is "
+                                    f"{split.batch}: use a multiple of {ranks}")
             try:
                 boxed[i, target] = model_parallel.box(builder, new_id[i], layout[i], target, ranks, node.type.shape,
                                                       loc=node.loc, role=where.role, device=node.type.device)
@@ -489,31 +518,33 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
         return lambda op, inputs, attrs: builder.add(op, inputs, attrs, loc=where.loc, role=where.role,
                                                      device=where.type.device)
 
-    rank: list[int] = []             # the runtime scalar data_parallel_rank, once a random draw is split
+    rank_node: list[int] = []        # the runtime scalar data_parallel_rank, once a random draw is split
 
     def rank_scalar() -> int:
-        if not rank:
-            rank.append(builder.add("scalar", [], {"name": RANK_SCALAR, "shape": (), "dtype": "int64"}))
-        return rank[0]
+        if not rank_node:
+            rank_node.append(builder.add("scalar", [], {"name": RANK_SCALAR, "shape": (), "dtype": "int64"}))
+        return rank_node[0]
 
     for n in graph.nodes:
         inputs = [operand(i, n) for i in n.inputs]
-        attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], ranks)
+        attrs = n.attr_dict if mirrored else _local_attrs(n, layout[n.id], split, rank)
         op = n.op
         if op in RANDOM_DRAWS and layout[n.id] == SPLIT:     # this rank's share of the draw, not the first one
             op, inputs = f"{op}_shard", inputs + [rank_scalar()]
-            attrs["share"] = n.type.size if mirrored else n.type.size // ranks
+            attrs.update(_draw_share(n, split, rank, mirrored))
         try:
             new_id[n.id] = builder.add(op, inputs, attrs, loc=n.loc, name=n.name, role=n.role, device=n.type.device)
         except ShapeError as err:
             raise _error(n, f"its attributes fix the batch size ({err})") from None
         if n.id in rules.synced:
             try:
-                new_id[n.id] = synced_statistics(added_at(n), new_id[n.id], ranks, n.type.shape[1], n.type.dtype)
+                weights = None if split.batch is None else [split.examples(r) / split.batch for r in range(ranks)]
+                new_id[n.id] = synced_statistics(added_at(n), new_id[n.id], ranks, n.type.shape[1], n.type.dtype,
+                                                 weights)
             except ShapeError as err:
                 raise _error(n, f"it computes batch statistics that flowc cannot synchronise over the ranks "
                                 f"({err})") from None
-        want = n.type.shape if mirrored else _local_shape(n.type.shape, layout[n.id], ranks)
+        want = n.type.shape if mirrored else _local_shape(n.type.shape, layout[n.id], split, rank)
         if builder.types[new_id[n.id]].shape != want:     # an attribute holding a shape this pass did not rewrite
             raise _error(n, f"its share on each rank would be {list(builder.types[new_id[n.id]].shape)}, not the "
                             f"{list(want)} its layout ({layout[n.id]}) makes")
@@ -524,15 +555,51 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
                 summed(value, graph.node(value))
         else:
             assigns[var] = new_id[value]
-    scalars = dict(graph.scalars, **({RANK_SCALAR: "int64"} if rank else {}))
-    variables = {var: replace(t, shape=_local_shape(t.shape, MODEL, ranks)) if var in split_variables else t
+    scalars = dict(graph.scalars, **({RANK_SCALAR: "int64"} if rank_node else {}))
+    variables = {var: replace(t, shape=_local_shape(t.shape, MODEL, split, rank)) if var in split_variables else t
                  for var, t in graph.variables.items()}
     local = Graph(graph.name, builder.nodes, [new_id[o] for o in graph.outputs], assigns, variables,
                   scalars, [new_id[p] for p in graph.placeholders])
     local.verify()
     outputs = [layout[o] for o in graph.outputs]
     return local, Distribution(layout, outputs, mirrored, tuple(sorted(split_variables)),
-                               tuple(layout[p] for p in graph.placeholders))
+                               tuple(layout[p] for p in graph.placeholders), split, graph)
+
+
+def _batch_split(graph: Graph, ranks: int) -> BatchSplit:
+    """How the consistent view's batch lies over the ranks: evenly when every split placeholder's
+    batch axis divides, else balanced, which needs one batch size for all of them."""
+    batches: dict[int, Node] = {}
+    for p in graph.placeholders:
+        node = graph.node(p)
+        if node.attr("batch_axis", 0) == 0 and node.type.shape:
+            batches.setdefault(node.type.shape[0], node)
+    if all(b % ranks == 0 for b in batches):
+        return BatchSplit(ranks)
+    if len(batches) > 1:
+        uneven = next(n for b, n in batches.items() if b % ranks)
+        raise TraceError(f"{uneven.loc}: placeholder {uneven.name or uneven.attr('index')!r} of shape "
+                         f"{list(uneven.type.shape)}: its batch axis does not divide over the {ranks} ranks, and the "
+                         f"job's placeholders have several batch sizes ({', '.join(map(str, sorted(batches)))}): "
+                         f"flowc splits an uneven batch only when every placeholder has the same one")
+    (batch, node), = batches.items()
+    if batch < ranks:
+        raise TraceError(f"{node.loc}: placeholder {node.name or node.attr('index')!r} of shape "
+                         f"{list(node.type.shape)}: a batch of {batch} leaves some of the {ranks} ranks without an "
+                         "example; use a batch of at least one example per rank")
+    return BatchSplit(ranks, batch)
+
+
+def _draw_share(n: Node, split: BatchSplit, rank: int, mirrored: bool) -> dict:
+    """Where this rank's share of a random draw starts in the one-process draw: element
+    i + rank·share + first.  Evenly split, `share` is every rank's size and the ranks share one
+    graph; an uneven batch fixes each rank's first element in its own graph."""
+    if mirrored:
+        return {"share": n.type.size, "first": 0}
+    if split.even:
+        return {"share": n.type.size // split.ranks, "first": 0}
+    extent = n.type.shape[0]
+    return {"share": 0, "first": split.first_row(extent, rank) * (n.type.size // extent)}
 
 
 def _check_assigns(graph: Graph, layout: dict[int, str], split_variables: dict[str, str], mirrored: bool) -> None:
@@ -548,17 +615,19 @@ def _check_assigns(graph: Graph, layout: dict[int, str], split_variables: dict[s
                                             f"{'batch' if kind == SPLIT else 'ranks'}")
 
 
-def _local_shape(shape: tuple[int, ...], layout: str, ranks: int) -> tuple[int, ...]:
-    """The shape of one rank's share of a value of logical `shape` laid out as `layout`."""
-    if layout in ROW_SLICED and shape:
-        return (shape[0] // ranks,) + shape[1:]
+def _local_shape(shape: tuple[int, ...], layout: str, split: BatchSplit, rank: int) -> tuple[int, ...]:
+    """The shape of rank `rank`'s share of a value of logical `shape` laid out as `layout`."""
+    if layout == SPLIT and shape:
+        return (split.rows(shape[0], rank),) + shape[1:]
+    if layout == MODEL and shape:        # a variable's rows: model parallelism needs an even batch (distribute)
+        return (shape[0] // split.ranks,) + shape[1:]
     if layout == COLS:
-        return shape[:-1] + (shape[-1] // ranks,)
+        return shape[:-1] + (shape[-1] // split.ranks,)
     return shape
 
 
-def _local_attrs(n: Node, layout: str, ranks: int) -> dict:
+def _local_attrs(n: Node, layout: str, split: BatchSplit, rank: int) -> dict:
     attrs = n.attr_dict
     for key in SHAPE_ATTRS.get(n.op, ()):
-        attrs[key] = _local_shape(tuple(attrs[key]), layout, ranks)
+        attrs[key] = _local_shape(tuple(attrs[key]), layout, split, rank)
     return attrs

@@ -19,8 +19,6 @@ from flowc.compiler.ir import Node
 
 SPLIT, BROADCAST, PARTIAL = "split", "broadcast", "partial_sum"
 MODEL, COLS = "model_split", "column_split"
-# The layouts whose local value is a slice along axis 0 of the logical one.
-ROW_SLICED = (SPLIT, MODEL)
 
 
 def layout_error(node: Node, why: str) -> TraceError:

@@ -12,6 +12,8 @@ The script is the same in both runs, as in OneFlow: only the launch differs.  Op
     --bad-label               the last step's last label is out of range (it lies in rank 1's share)
     --clear-after N           flow.clear_default_session() after N steps (training starts afresh)
     --load-after-clear DIR    and then load a checkpoint (past the first call: the master alone runs it)
+    --batch N                 the global batch (32; one that does not divide over the ranks is split as
+                              OneFlow's balanced splitter does: 31 over 2 ranks is 16 + 15)
     --bucket-mb N             flow.config.collective_boxing.nccl_fusion_threshold_mb(N) (0: one gradient per bucket)
     --whole-eval              (hybrid) the predict job declares the split layer without model_distribute:
                               it reads the variables whole, which the train job holds in slices
@@ -38,7 +40,7 @@ def option(name, default=None):
     return OPTIONS[OPTIONS.index(name) + 1] if name in OPTIONS else default
 
 
-BATCH = 32
+BATCH = int(option("--batch", 32))
 RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 HIDDEN = 96 if "--mismatch" in OPTIONS and RANK == 1 else 64
 
