@@ -100,13 +100,19 @@ def check_equal(make_job, inputs, ranks=2):
     scalars = scalars_for(logical)
     want, want_assigns = run_reference(logical, inputs, values, scalars)
     got, got_assigns = run_ranks(local, distribution, ranks, inputs, values, scalars_for(local))
+    assert_same_step(got, got_assigns, want, want_assigns, values)
+    return local, distribution
+
+
+def assert_same_step(got, got_assigns, want, want_assigns, values):
+    """The ranks' outputs and new variables are the logical job's, and every variable moved."""
     for w, g in zip(want, got):
+        assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     assert got_assigns.keys() == want_assigns.keys()
     for var in want_assigns:
         np.testing.assert_allclose(got_assigns[var], want_assigns[var], rtol=1e-5, atol=1e-6, err_msg=var)
         assert not np.array_equal(want_assigns[var], values[var]) or var.endswith("_step"), f"{var} did not change"
-    return local, distribution
 
 
 def batch(seed=0, classes=8):

@@ -19,7 +19,8 @@ from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.data_parallel import DEFAULT_BUCKET_BYTES, distribute
 from flowc.compiler.reference import run_reference
 from tests.rank_simulator import run_ranks
-from tests.test_model_parallel_pass import INIT, OPTIMIZERS, hybrid_mlp, logical_and_ranks, scalars_for
+from tests.test_model_parallel_pass import (INIT, OPTIMIZERS, assert_same_step, hybrid_mlp, logical_and_ranks,
+                                            scalars_for)
 from tests.test_synced_batch_norm import bn_net
 
 
@@ -71,13 +72,7 @@ def check_equal(make_job, inputs, ranks):
     graphs = rank_graphs(distribution, ranks)
     want, want_assigns = run_reference(logical, inputs, values, scalars_for(logical))
     got, got_assigns = run_ranks(graphs, distribution, ranks, inputs, values, scalars_for(graphs[0]))
-    for w, g in zip(want, got):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    assert got_assigns.keys() == want_assigns.keys()
-    for var in want_assigns:
-        np.testing.assert_allclose(got_assigns[var], want_assigns[var], rtol=1e-5, atol=1e-6, err_msg=var)
-        assert not np.array_equal(want_assigns[var], values[var]) or var.endswith("_step"), f"{var} did not change"
+    assert_same_step(got, got_assigns, want, want_assigns, values)
     return graphs, distribution
 
 
