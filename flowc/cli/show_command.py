@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=["auto", *device_names()], default="auto", help="target (default: auto)")
     p.add_argument("--arch", metavar="sm_XX", help="GPU architecture for --code with --device gpu")
     p.add_argument("--ranks", type=int, default=1, metavar="N",
-                   help="show one rank's share of the jobs when run on N MPI ranks (default 1: one process)")
+                   help="show rank 0's share of the jobs when run on N MPI ranks (default 1: one process; a "
+                        "batch that does not divide over N gives rank 0 one example more than the last ranks)")
 
 
 def run(args: argparse.Namespace) -> int:
