@@ -45,9 +45,26 @@ def batch(seed: int, dtype):
     return [ids.astype(dtype), rng.integers(0, 2, (B, 1)).astype(np.float32)]
 
 
-def same_as_one_process(make_job, inputs, ranks=2, atol=1e-7):
+def adam_tolerance(var: str, want_assigns: dict) -> tuple[float, np.ndarray | None]:
+    """(atol, the elements to compare) for `var` after Adam's first step, whose update
+    lr * m / (sqrt(v) + 1e-8) is sign(g) * lr for any gradient g well above 1e-8, and divides rounding
+    by g's own size where g is near 1e-8: a gradient summed from larger terms of both signs (the
+    ranks' halves) then differs in its last bits and the step by up to lr.  So the moments are
+    compared to their own precision everywhere and the weights where |m| >= 1e-6 (a relative error of
+    the moment below 1e-3, of the step below lr * 1e-3) or m is 0 (rows a lazy update left alone); the
+    weights elsewhere follow from the moments."""
+    if var.endswith("-m"):
+        return 1e-9, None
+    if var.endswith("-v"):
+        return 1e-12, None
+    moment = want_assigns.get(f"{var}-m")
+    return (1e-4, (np.abs(moment) >= 1e-6) | (moment == 0)) if moment is not None else (1e-7, None)
+
+
+def same_as_one_process(make_job, inputs, ranks=2, atol=1e-7, tolerance=None):
     """The ranks' graph of `make_job` on simulated ranks against the logical job's reference run:
-    outputs and every updated variable.  The ranks' graph."""
+    outputs and every updated variable (`tolerance(var, want_assigns)`: (atol, the elements to compare
+    or None: all) instead of `atol`).  The ranks' graph."""
     logical, values, local, distribution = logical_and_ranks(make_job, ranks)
     # copies for each run: a sparse update's scatter_rows writes its table in place
     want, want_assigns = run_reference(logical, inputs, {k: v.copy() for k, v in values.items()},
@@ -57,7 +74,11 @@ def same_as_one_process(make_job, inputs, ranks=2, atol=1e-7):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     assert got_assigns.keys() == want_assigns.keys()
     for var in want_assigns:
-        np.testing.assert_allclose(got_assigns[var], want_assigns[var], rtol=1e-5, atol=atol, err_msg=var)
+        var_atol, where = tolerance(var, want_assigns) if tolerance else (atol, None)
+        got_var, want_var = (got_assigns[var], want_assigns[var]) if where is None else \
+            (got_assigns[var][where], want_assigns[var][where])
+        assert where is None or where.mean() > 0.9, f"{var}: most of it is compared"
+        np.testing.assert_allclose(got_var, want_var, rtol=1e-5, atol=var_atol, err_msg=var)
     tables = [var for var in want_assigns if var.endswith(("table", "embedding"))]
     assert tables and all(not np.array_equal(want_assigns[var], values[var]) for var in tables)
     return local
@@ -84,10 +105,8 @@ def test_the_zoo_wide_and_deep_trains_on_ranks_as_one_process():
     """examples/models/wide_and_deep.py: LazyAdam on a wide and a deep table, both sparse."""
     from examples.models import wide_and_deep
     config = wide_and_deep.CONFIGS["tiny"]
-    # atol: Adam's first step moves a weight by lr * g / (|g| + 1e-8), so where a dense layer's gradient
-    # is ~1e-8, the rounding of its sum over two ranks shows in the step (lr 0.01: up to ~1e-5)
     local = same_as_one_process(lambda: wide_and_deep.make_jobs(config)[0], wide_and_deep.synthetic_batch(config, 3),
-                                atol=2e-5)
+                                tolerance=adam_tolerance)
     assert sum(n.op == "scatter_rows" for n in local.nodes) >= 2
 
 
