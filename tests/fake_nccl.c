@@ -30,7 +30,18 @@ typedef struct { MPI_Comm comm; int ranks, rank, nonblocking, starting, stalled,
                  MPI_Request request; char id[128], first[128]; } fake_comm;
 typedef fake_comm* ncclComm_t;
 enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7, FLOAT32 = 7,
-       SUM = 0 };
+       SUM = 0, INT32 = 2, INT64 = 4, FLOAT64 = 8 };
+
+/* An all-reduce's NCCL type as MPI's, its size and name; size 0: a type the fake does not sum. */
+static size_t summed_type(int type, MPI_Datatype* mpi, const char** name) {
+  switch (type) {
+    case FLOAT32: *mpi = MPI_FLOAT; *name = "float32"; return 4;
+    case FLOAT64: *mpi = MPI_DOUBLE; *name = "float64"; return 8;
+    case INT32: *mpi = MPI_INT32_T; *name = "int32"; return 4;
+    case INT64: *mpi = MPI_INT64_T; *name = "int64"; return 8;
+    default: return 0;
+  }
+}
 #define MAX_PENDING 256
 
 static struct { int open; int count; MPI_Request requests[MAX_PENDING]; void* recv[MAX_PENDING];
@@ -122,10 +133,15 @@ int ncclCommInitRankConfig(ncclComm_t* out, int ranks, ncclUniqueId id, int rank
 int ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, ncclComm_t c, void* stream) {
   (void)stream;
   if (fails("ncclAllReduce")) return SYSTEM_ERROR;
-  if (type != FLOAT32 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
-  note("AllReduce", count);
-  MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, MPI_FLOAT, MPI_SUM, c->comm);
-  emu_mark_written(recv, count * sizeof(float));
+  MPI_Datatype mpi = MPI_DATATYPE_NULL;
+  const char* name = "";
+  const size_t size = summed_type(type, &mpi, &name);
+  if (size == 0 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
+  char what[32];
+  snprintf(what, sizeof what, "AllReduce %s", name);
+  note(what, count);
+  MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi, MPI_SUM, c->comm);
+  emu_mark_written(recv, count * size);
   return queued(c);
 }
 

@@ -32,7 +32,10 @@ def _collective(n: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
         for x in xs[1:]:
             total += x
     if n.op == "all_reduce":
-        return [total * np.float32(n.attr("scale")) for _ in xs]
+        if total.dtype.kind != "f":            # an integer sum is never scaled (compiler/ops/collectives.py)
+            assert n.attr("scale") == 1.0
+            return [total for _ in xs]
+        return [total * total.dtype.type(n.attr("scale")) for _ in xs]
     if n.op == "reduce_scatter":
         return list(np.split(total, ranks, axis=0))
     if n.op == "all_gather":

@@ -6,6 +6,7 @@ graphs, layouts, buckets and generated code.  tests/test_distributed_training.py
 """
 # no `from __future__ import annotations`: the placeholders read `batch` from the enclosing function
 
+import re
 from typing import Tuple
 
 import numpy as np
@@ -143,7 +144,7 @@ def test_the_updates_read_the_sums_in_their_buckets_unless_they_are_scaled():
     on_ranks(2)
     step = train_job_of().compile().source()
     step = step[step.index('extern "C" int flowc_step'):]
-    assert "flowc::comm_unpack(" not in step and step.count("comm->data(comm->ctx, 0)") >= 4
+    assert "flowc::comm_unpack<" not in step and step.count("comm->data(comm->ctx, 0)") >= 4
     flow.clear_default_session()
     on_ranks(2)
     config = flow.function_config()
@@ -156,7 +157,7 @@ def test_the_updates_read_the_sums_in_their_buckets_unless_they_are_scaled():
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
         return loss
     step = mirrored_job.compile().source()
-    assert step.count("flowc::comm_unpack(") == 4       # averaged: scaled by 1/2 into the arena
+    assert step.count("flowc::comm_unpack<float>(") == 4       # averaged: scaled by 1/2 into the arena
 
 
 def test_an_op_that_needs_the_whole_batch_is_refused_with_its_line():
@@ -376,8 +377,9 @@ def predict_of(body, shape=(B, 3), dtype=flow.float):
     (lambda x: flow.gather(flow.constant(1.0, dtype=flow.float, shape=(2, 5)),
                            flow.cast(flow.math.reduce_sum(x, axis=1), flow.int32), axis=1),
      "gather in a data-parallel job: it gathers from a broadcast value with split indices"),
-    (lambda x: flow.math.sqrt(flow.math.reduce_sum(flow.cast(x, flow.double), axis=0)),
-     "sqrt in a data-parallel job: it reads a sum over the ranks that flowc cannot make"),
+    (lambda x: flow.math.square(flow.math.reduce_sum(flow.cast(x, flow.int8), axis=0)),
+     r"square in a data-parallel job: it reads a sum over the ranks that flowc cannot make \(all_reduce: "
+     r"flowc sums float32 or float64 or int32 or int64 values between ranks, got int8\)"),
 ])
 def test_ops_that_read_across_the_batch_are_refused_not_split(body, match):
     on_ranks(2)
@@ -468,3 +470,75 @@ def test_a_numpy_placeholder_in_the_mirrored_view_on_several_ranks_is_refused_na
                                               r"'x' is a tp.Numpy.Placeholder in the mirrored view on 2 ranks.*"
                                               r"tp.ListNumpy.Placeholder"):
         assert summed.graph is None
+
+
+def mixed_types_job():
+    """A float64 layer under a float32 one, its loss weighted by an int32 count over the batch."""
+    @flow.global_function(type="train")
+    def train_job(x: tp.Numpy.Placeholder((B, 5), dtype=flow.double),
+                  y: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> tp.Numpy:
+        hidden = flow.layers.dense(x, 7, activation=flow.math.tanh, name="wide")
+        logits = flow.layers.dense(flow.cast(hidden, flow.float), 3, name="narrow")
+        loss = flow.math.reduce_mean(flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        weight = flow.cast(flow.math.reduce_sum(y), flow.float)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss * weight)
+        return loss
+    return train_job
+
+
+def test_sums_of_other_types_fill_buckets_of_their_own_type_counted_in_bytes():
+    on_ranks(2, bucket_bytes=300)
+    lowered = mixed_types_job().lower()
+    graph = lowered.program.graph
+    plan = plan_buckets(graph, lowered.program.require_kernels())
+    for b in plan:
+        assert {graph.node(m).type.dtype for m in b.members} == {b.dtype}
+        assert b.nbytes == b.itemsize * sum(b.sizes) and (b.nbytes <= 300 or len(b.members) == 1)
+    assert {b.dtype for b in plan} == {"float32", "float64", "int32"}
+    # wide's 5x7 float64 weight is 280 bytes: with its 56-byte bias it would pass 300 (at 4 bytes an
+    # element both would fit)
+    wide = [b for b in plan if b.dtype == "float64"]
+    assert sorted(b.sizes for b in wide) == [(7,), (35,)]
+    assert "float64 gradients, 280 B" in lowered.kernels_text()
+    assert "1 int32 values, 4 B" in lowered.kernels_text()
+
+
+def test_the_generated_step_sums_each_bucket_in_its_own_type():
+    on_ranks(2)
+    source = mixed_types_job().compile().source()
+    step = source[source.index('extern "C" int flowc_step'):]
+    types = re.findall(r"comm->start\(comm->ctx, \d+, \d+, g, n, (FLOWC_COMM_\w+)\)", step)
+    assert sorted(types) == ["FLOWC_COMM_FLOAT32", "FLOWC_COMM_FLOAT64", "FLOWC_COMM_INT32"]
+    assert "static_cast<double*>(const_cast<void*>(comm->data(" in step
+
+
+@pytest.mark.parametrize("op, dtype, attrs, match", [
+    ("all_reduce", "int32", {"scale": 0.5}, "an int32 sum cannot be scaled by 0.5"),
+    ("all_reduce", "uint8", {"scale": 1.0},
+     "sums float32 or float64 or int32 or int64 values between ranks, got uint8"),
+    ("reduce_scatter", "float64", {}, "sums float32 values between ranks, got float64"),
+])
+def test_a_sum_of_a_type_the_engines_cannot_add_is_refused(op, dtype, attrs, match):
+    from flowc.compiler.ir import TensorType
+    from flowc.compiler.ops import OPS, ShapeError
+    with pytest.raises(ShapeError, match=match):
+        OPS[op].infer([TensorType((4, 3), dtype)], {"ranks": 2, **attrs})
+
+
+def wide_net(x):
+    """A float64 hidden layer under a float32 output layer, the logits scaled by an int32 count over the
+    whole batch (the share of positive pixels): sums of three types in one step."""
+    x = flow.reshape(x, [x.shape[0], -1])
+    init = flow.truncated_normal(0.3)
+    hidden = flow.layers.dense(flow.cast(x, flow.double), 12, activation=flow.math.tanh, kernel_initializer=init,
+                               name="hidden")
+    logits = flow.layers.dense(flow.cast(hidden, flow.float), 8, kernel_initializer=init, name="out")
+    positive = flow.math.reduce_sum(flow.cast(flow.math.greater(x, 0.0), flow.int32))
+    return logits * (flow.cast(positive, flow.float) / float(x.shape[0] * x.shape[1]))
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_float64_and_integer_sums_train_on_simulated_ranks_as_the_logical_job(optimizer):
+    from tests.test_model_parallel_pass import batch, check_equal, train_job_of as hybrid_train_job_of
+    local, _ = check_equal(lambda: hybrid_train_job_of(wide_net, optimizer), batch(2))
+    assert {n.type.dtype for n in all_reduces(local)} == {"float32", "float64", "int32"}

@@ -138,6 +138,18 @@ def test_sparse_embedding_updates_on_two_ranks_use_the_whole_batchs_rows(tmp_pat
     one_and_two_ranks("sparse_embedding", tmp_path)
 
 
+def test_float64_and_integer_sums_over_the_ranks_are_one_process_sums(tmp_path):
+    """A float64 model's gradients are summed in float64 (its variables agree with one process's to
+    float64 precision, far past what a float32 sum could give); a float64 layer under a float32 one
+    fills buckets of both types; int32 and int64 sums over the batch that the step reads on."""
+    one_and_two_ranks("wide_sums", tmp_path)
+    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    for key in (k for k in a.files if k.startswith("var:double_")):
+        assert a[key].dtype == np.float64
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-12, atol=1e-14, err_msg=key)
+    np.testing.assert_array_equal(b["results"][:, 1:3], a["results"][:, 1:3])    # the integer results
+
+
 def test_job_calls_from_a_second_thread_end_every_rank_with_the_script(tmp_path):
     """Regression: a worker that served from the thread of its first job call ended that thread only,
     and its main thread ran the rest of the script (printing, calling jobs) until the timeout."""

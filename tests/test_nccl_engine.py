@@ -89,11 +89,13 @@ def test_a_comm_call_renders_with_addresses_from_the_table():
     from flowc.compiler.codegen.cuda_host import comm_text
     table = [("arena",), ("scratch",), ("status",), ("variable", "w"), ("comm",)]
     start = comm_text(CommCall(0, "start", 1, (("arena", 64), ("variable", "w")), (4, 6)), table)
-    assert start == ("{ const float* g[] = {reinterpret_cast<const float*>(buffers[0] + 64), "
-                     "reinterpret_cast<const float*>(buffers[3])}; static const int64_t n[] = {4, 6}; "
-                     "if ((err = comm->start(comm->ctx, 1, 2, g, n, s))) return err; }")
+    assert start == ("{ const void* g[] = {static_cast<const void*>(buffers[0] + 64), "
+                     "static_cast<const void*>(buffers[3])}; static const int64_t n[] = {4, 6}; "
+                     "if ((err = comm->start(comm->ctx, 1, 2, g, n, FLOWC_COMM_FLOAT32, s))) return err; }")
+    double = comm_text(CommCall(0, "start", 0, (("arena", 0),), (3,), "float64"), table)
+    assert "comm->start(comm->ctx, 0, 1, g, n, FLOWC_COMM_FLOAT64, s)" in double
     exchange = comm_text(CommCall(0, "exchange", args=(("bucket", 0, 8), ("arena", 0)), sizes=(3, 5)), table)
-    assert "comm->exchange(comm->ctx, 3, reinterpret_cast<const float*>(reinterpret_cast<char*>(" \
+    assert "comm->exchange(comm->ctx, 3, reinterpret_cast<const float*>(static_cast<char*>(" \
            "comm->data(comm->ctx, 0)) + 8), reinterpret_cast<float*>(buffers[0]), 5, s)" in exchange
 
 
@@ -115,6 +117,17 @@ def test_two_emulated_gpus_train_the_hybrid_mlp_as_the_logical_job(optimizer):
     proc = _run_ranks(optimizer, "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok: 3 steps on 2 ranks") == 1, proc.stdout
+
+
+@needs_gxx
+@needs_mpi
+def test_two_emulated_gpus_sum_float64_and_int32_buckets_in_their_own_types():
+    """NCCL sums each bucket in its type (ncclFloat64, ncclInt32): the float64 layer, the float32 one
+    and the int32 count over the batch train as the logical job (nccl_emulated_step.py checks the
+    types NCCL was given)."""
+    proc = _run_ranks("adam", "2", "wide")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok: 2 steps on 2 ranks") == 1, proc.stdout
 
 
 @needs_gxx
@@ -255,9 +268,9 @@ def test_the_engine_opens_an_installed_nccl_wheel_and_asks_it_for_an_id(tmp_path
 TABLE_CDEF = """
 typedef struct {
   void* ctx;
-  int (*start)(void*, int, int, const float* const*, const int64_t*, void*);
+  int (*start)(void*, int, int, const void* const*, const int64_t*, int, void*);
   int (*wait)(void*, int, void*);
-  float* (*data)(void*, int);
+  void* (*data)(void*, int);
   int (*exchange)(void*, int, const float*, float*, int64_t, void*);
   int (*settle)(void*, void*);
 } table_t;
@@ -278,7 +291,8 @@ class TwinEngine:
         self.fail_with = 0
         self.closed = False
 
-        def start(ctx, b, count, grads, sizes, stream):
+        def start(ctx, b, count, grads, sizes, dtype, stream):
+            assert dtype == 0, dtype          # FLOWC_COMM_FLOAT32: the twin sums float32 buckets
             total = sum(sizes[i] for i in range(count))
             bucket = self.buckets.setdefault(b, DeviceBuffer(4 * total))
             offset = 0
@@ -294,14 +308,15 @@ class TwinEngine:
             return 0
 
         def data(ctx, b):
-            return ffi.cast("float*", self.buckets[b].address)
+            return ffi.cast("void*", self.buckets[b].address)
 
         def settle(ctx, stream):
             self.calls.append("settle")
             return self.fail_with
 
-        self._callbacks = [ffi.callback("int(*)(void*, int, int, const float* const*, const int64_t*, void*)", start),
-                           ffi.callback("int(*)(void*, int, void*)", wait), ffi.callback("float*(*)(void*, int)", data),
+        self._callbacks = [ffi.callback("int(*)(void*, int, int, const void* const*, const int64_t*, int, void*)",
+                                        start),
+                           ffi.callback("int(*)(void*, int, void*)", wait), ffi.callback("void*(*)(void*, int)", data),
                            ffi.callback("int(*)(void*, void*)", settle)]
         self.table = np.zeros(48, np.uint8)
         t = ffi.cast("table_t*", self.table.ctypes.data)

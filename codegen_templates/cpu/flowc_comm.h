@@ -16,19 +16,24 @@
 #define FLOWC_COMM_ALL_GATHER 1        // in: count floats; out: every rank's count, in rank order
 #define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count floats; out: this rank's count of their sums
 #define FLOWC_COMM_ALL_TO_ALL 3        // in: ranks blocks of count; out block s: rank s's block for this rank
+// The type of a bucket's values, `dtype` of `start` (compiler/codegen/collectives.py, SUM_TYPES).
+#define FLOWC_COMM_FLOAT32 0
+#define FLOWC_COMM_FLOAT64 1
+#define FLOWC_COMM_INT32 2
+#define FLOWC_COMM_INT64 3
 
 extern "C" {
 struct flowc_comm {
   void* ctx;
-  // Copy `count` gradients (grads[i] of sizes[i] floats) into bucket `bucket` and start summing it
-  // over every rank.
-  int (*start)(void* ctx, int bucket, int count, const float* const* grads, const int64_t* sizes);
+  // Copy `count` gradients (grads[i] of sizes[i] values of type `dtype`, FLOWC_COMM_FLOAT32 ...) into
+  // bucket `bucket` and start summing it over every rank.
+  int (*start)(void* ctx, int bucket, int count, const void* const* grads, const int64_t* sizes, int dtype);
   // Let the engine move the buckets in flight along; never blocks.
   int (*progress)(void* ctx);
   // Wait until bucket `bucket` holds the sums (a timeout is FLOWC_COMM_ERROR_TIMEOUT).
   int (*wait)(void* ctx, int bucket);
-  // The sums of bucket `bucket`, the gradients one after the other, after its wait.
-  const float* (*data)(void* ctx, int bucket);
+  // The sums of bucket `bucket`, the gradients one after the other (of its start's type), after its wait.
+  const void* (*data)(void* ctx, int bucket);
   // Exchange one value between the ranks (`kind`: FLOWC_COMM_ALL_GATHER ...) and wait for it: a
   // model-parallel layer needs the result at once.  `in` and `out` do not overlap.
   int (*exchange)(void* ctx, int kind, const float* in, float* out, int64_t count);
@@ -36,10 +41,12 @@ struct flowc_comm {
 }
 
 namespace flowc {
-// A reduced gradient into its own buffer, scaled (1/ranks for a mean): at the position of the
-// gradient's all_reduce in the schedule, so the memory plan's lifetimes hold.
-inline void comm_unpack(const float* sums, float* out, int64_t n, float scale) {
-  if (scale == 1.0f) {
+// A reduced gradient into its own buffer, scaled (1/ranks for a mean; an integer is never scaled): at
+// the position of the gradient's all_reduce in the schedule, so the memory plan's lifetimes hold.
+template <typename T>
+inline void comm_unpack(const void* bucket, int64_t offset, T* out, int64_t n, T scale) {
+  const T* sums = static_cast<const T*>(bucket) + offset;
+  if (scale == T(1)) {
     for (int64_t i = 0; i < n; ++i) out[i] = sums[i];
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = sums[i] * scale;

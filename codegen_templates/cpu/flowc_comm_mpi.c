@@ -21,11 +21,26 @@
 #define FLOWC_COMM_ALL_GATHER 1
 #define FLOWC_COMM_REDUCE_SCATTER 2
 #define FLOWC_COMM_ALL_TO_ALL 3
+#define FLOWC_COMM_FLOAT32 0
+#define FLOWC_COMM_FLOAT64 1
+#define FLOWC_COMM_INT32 2
+#define FLOWC_COMM_INT64 3
+
+/* A bucket's type (FLOWC_COMM_FLOAT32 ...) as MPI's datatype and its size; 0: not one of them. */
+static MPI_Datatype sum_type(int dtype, size_t* size) {
+  switch (dtype) {
+    case FLOWC_COMM_FLOAT32: *size = 4; return MPI_FLOAT;
+    case FLOWC_COMM_FLOAT64: *size = 8; return MPI_DOUBLE;
+    case FLOWC_COMM_INT32: *size = 4; return MPI_INT32_T;
+    case FLOWC_COMM_INT64: *size = 8; return MPI_INT64_T;
+    default: *size = 0; return MPI_DATATYPE_NULL;
+  }
+}
 
 typedef struct {
-  float* data;
-  int64_t capacity;    /* floats */
-  int64_t length;      /* floats of the reduction in flight */
+  char* data;
+  int64_t capacity;    /* bytes */
+  int64_t length;      /* values of the reduction in flight */
   MPI_Request request;
   int started;         /* started and not yet awaited: a wait without a start is an error, not stale sums */
 } bucket_t;
@@ -40,29 +55,32 @@ typedef struct {
 
 struct flowc_comm {
   void* ctx;
-  int (*start)(void*, int, int, const float* const*, const int64_t*);
+  int (*start)(void*, int, int, const void* const*, const int64_t*, int);
   int (*progress)(void*);
   int (*wait)(void*, int);
-  const float* (*data)(void*, int);
+  const void* (*data)(void*, int);
   int (*exchange)(void*, int, const float*, float*, int64_t);
 };
 
-static int comm_start(void* opaque, int b, int count, const float* const* grads, const int64_t* sizes) {
+static int comm_start(void* opaque, int b, int count, const void* const* grads, const int64_t* sizes, int dtype) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
   if (b < 0 || b >= c->buckets) return FLOWC_COMM_ERROR_FAILED;
   bucket_t* k = &c->bucket[b];
   /* A bucket still in flight (a step that stopped before its wait) would be overwritten under MPI:
      refuse, and the runtime stops the job rather than let the ranks' sums pair up wrongly. */
   if (k->started || k->request != MPI_REQUEST_NULL) return FLOWC_COMM_ERROR_FAILED;
+  size_t size = 0;
+  const MPI_Datatype type = sum_type(dtype, &size);
+  if (size == 0) return FLOWC_COMM_ERROR_FAILED;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) total += sizes[i];
-  if (total > k->capacity) {
-    float* grown = (float*)realloc(k->data, (size_t)total * sizeof(float));
+  if (total > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
+  if (total * (int64_t)size > k->capacity) {
+    char* grown = (char*)realloc(k->data, (size_t)total * size);
     if (!grown) return FLOWC_COMM_ERROR_FAILED;
     k->data = grown;
-    k->capacity = total;
+    k->capacity = total * (int64_t)size;
   }
-  if (total > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
   k->length = total;
   /* One gradient is summed from where it lies (the step keeps it until the wait) into the bucket;
      several are copied into the bucket first and summed there. */
@@ -70,13 +88,13 @@ static int comm_start(void* opaque, int b, int count, const float* const* grads,
   if (count == 1) {
     send = grads[0];
   } else {
-    int64_t at = 0;
+    size_t at = 0;
     for (int i = 0; i < count; ++i) {
-      memcpy(k->data + at, grads[i], (size_t)sizes[i] * sizeof(float));
-      at += sizes[i];
+      memcpy(k->data + at, grads[i], (size_t)sizes[i] * size);
+      at += (size_t)sizes[i] * size;
     }
   }
-  if (MPI_Iallreduce(send, k->data, (int)total, MPI_FLOAT, MPI_SUM, c->comm, &k->request) != MPI_SUCCESS)
+  if (MPI_Iallreduce(send, k->data, (int)total, type, MPI_SUM, c->comm, &k->request) != MPI_SUCCESS)
     return FLOWC_COMM_ERROR_FAILED;
   k->started = 1;
   return 0;
@@ -139,7 +157,7 @@ static int comm_exchange(void* opaque, int kind, const float* in, float* out, in
   return wait_request(c, &request);
 }
 
-static const float* comm_data(void* opaque, int b) {
+static const void* comm_data(void* opaque, int b) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
   return c->bucket[b].data;
 }

@@ -37,7 +37,10 @@ struct ncclUniqueId { char internal[128]; };
 typedef int ncclResult_t;            // an enum in nccl.h: int-sized
 constexpr ncclResult_t kNcclSuccess = 0;
 constexpr ncclResult_t kNcclInProgress = 7;
-constexpr int kNcclFloat32 = 7;      // ncclDataType_t
+constexpr int kNcclInt32 = 2;        // ncclDataType_t
+constexpr int kNcclInt64 = 4;
+constexpr int kNcclFloat32 = 7;
+constexpr int kNcclFloat64 = 8;
 constexpr int kNcclSum = 0;          // ncclRedOp_t
 
 // NCCL 2.14's ncclConfig_t (ncclConfig_v21400). NCCL reads the fields of the version a caller
@@ -116,9 +119,21 @@ void pause_after(int spins) {
   }
 }
 
+// A bucket's type (FLOWC_COMM_FLOAT32 ...) as NCCL's datatype and its size; size 0: not one of them.
+struct SumType { int nccl; size_t size; };
+SumType sum_type(int dtype) {
+  switch (dtype) {
+    case FLOWC_COMM_FLOAT32: return {kNcclFloat32, 4};
+    case FLOWC_COMM_FLOAT64: return {kNcclFloat64, 8};
+    case FLOWC_COMM_INT32: return {kNcclInt32, 4};
+    case FLOWC_COMM_INT64: return {kNcclInt64, 8};
+    default: return {0, 0};
+  }
+}
+
 struct Bucket {
-  float* data = nullptr;             // device memory, grown to the largest bucket seen
-  size_t capacity = 0;               // floats
+  char* data = nullptr;              // device memory, grown to the largest bucket seen
+  size_t capacity = 0;               // bytes
   cudaEvent_t ready = nullptr;       // on the step's stream: the gradients are in `data`
   cudaEvent_t done = nullptr;        // on the engine's stream: `data` holds the sums
   cudaEvent_t wait_begin = nullptr;  // the step's stream around its wait for `done` (timed):
@@ -187,7 +202,8 @@ int finish(Engine* e, const char* what, ncclResult_t n, const char* why_late = "
   return n == kNcclSuccess ? 0 : nccl_failed(e, what, n);
 }
 
-int comm_start(void* ctx, int b, int count, const float* const* grads, const int64_t* sizes, void* stream_) {
+int comm_start(void* ctx, int b, int count, const void* const* grads, const int64_t* sizes, int dtype,
+               void* stream_) {
   Engine* e = static_cast<Engine*>(ctx);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if (e->comm == nullptr) return failed(e, "the NCCL communicator was aborted by an earlier failure");
@@ -195,9 +211,11 @@ int comm_start(void* ctx, int b, int count, const float* const* grads, const int
   Bucket& k = e->buckets[b];
   // A bucket still in flight (a step that stopped before its wait) would have its sums overwritten.
   if (k.started) return failed(e, "a step started a bucket whose last sums it never awaited");
+  const SumType type = sum_type(dtype);
+  if (type.size == 0) return failed(e, "a step started a bucket of a type the engine does not sum");
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += (size_t)sizes[i];
-  if (total > k.capacity) {
+  if (total * type.size > k.capacity) {
     if (k.data) {
       cudaError_t r = cudaStreamSynchronize(e->stream);   // the last sums in it are done with
       if (r != cudaSuccess) return cuda_failed(e, "waiting for the engine's stream", r);
@@ -205,21 +223,21 @@ int comm_start(void* ctx, int b, int count, const float* const* grads, const int
       k.data = nullptr;
       k.capacity = 0;
     }
-    cudaError_t r = cudaMalloc((void**)&k.data, total * sizeof(float));
+    cudaError_t r = cudaMalloc((void**)&k.data, total * type.size);
     if (r != cudaSuccess) return cuda_failed(e, "allocating a gradient bucket", r);
-    k.capacity = total;
+    k.capacity = total * type.size;
   }
   size_t offset = 0;
   for (int i = 0; i < count; ++i) {
-    cudaError_t r = cudaMemcpyAsync(k.data + offset, grads[i], (size_t)sizes[i] * sizeof(float),
+    cudaError_t r = cudaMemcpyAsync(k.data + offset, grads[i], (size_t)sizes[i] * type.size,
                                     cudaMemcpyDeviceToDevice, stream);
     if (r != cudaSuccess) return cuda_failed(e, "copying a gradient into its bucket", r);
-    offset += (size_t)sizes[i];
+    offset += (size_t)sizes[i] * type.size;
   }
   cudaError_t r = cudaEventRecord(k.ready, stream);
   if (r == cudaSuccess) r = cudaStreamWaitEvent(e->stream, k.ready, 0);
   if (r != cudaSuccess) return cuda_failed(e, "ordering a bucket's sum after its gradients", r);
-  ncclResult_t n = e->nccl.AllReduce(k.data, k.data, total, kNcclFloat32, kNcclSum, e->comm, e->stream);
+  ncclResult_t n = e->nccl.AllReduce(k.data, k.data, total, type.nccl, kNcclSum, e->comm, e->stream);
   if (int f = finish(e, "ncclAllReduce", n)) return f;
   r = cudaEventRecord(k.done, e->stream);
   if (r != cudaSuccess) return cuda_failed(e, "marking a bucket's sum", r);
@@ -242,7 +260,7 @@ int comm_wait(void* ctx, int b, void* stream_) {
   return 0;
 }
 
-float* comm_data(void* ctx, int b) {
+void* comm_data(void* ctx, int b) {
   Engine* e = static_cast<Engine*>(ctx);
   return b >= 0 && b < (int)e->buckets.size() ? e->buckets[b].data : nullptr;
 }

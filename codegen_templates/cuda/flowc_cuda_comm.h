@@ -16,17 +16,24 @@
 #define FLOWC_COMM_ALL_GATHER 1        // in: count floats; out: every rank's count, in rank order
 #define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count floats; out: this rank's count of their sums
 #define FLOWC_COMM_ALL_TO_ALL 3        // in: ranks blocks of count; out block s: rank s's block for this rank
+// The type of a bucket's values, `dtype` of `start` (compiler/codegen/collectives.py, SUM_TYPES).
+#define FLOWC_COMM_FLOAT32 0
+#define FLOWC_COMM_FLOAT64 1
+#define FLOWC_COMM_INT32 2
+#define FLOWC_COMM_INT64 3
 
 extern "C" {
 struct flowc_cuda_comm {
   void* ctx;
-  // Copy `count` gradients (device addresses grads[i], sizes[i] floats) into bucket `bucket` on
-  // `stream`, then start summing the bucket over every rank.
-  int (*start)(void* ctx, int bucket, int count, const float* const* grads, const int64_t* sizes, void* stream);
+  // Copy `count` gradients (device addresses grads[i], sizes[i] values of type `dtype`,
+  // FLOWC_COMM_FLOAT32 ...) into bucket `bucket` on `stream`, then start summing the bucket over
+  // every rank.
+  int (*start)(void* ctx, int bucket, int count, const void* const* grads, const int64_t* sizes, int dtype,
+               void* stream);
   // `stream` waits (on the device) until bucket `bucket` holds the sums.
   int (*wait)(void* ctx, int bucket, void* stream);
   // The device address of bucket `bucket`'s sums, the gradients one after the other.
-  float* (*data)(void* ctx, int bucket);
+  void* (*data)(void* ctx, int bucket);
   // One model-parallel exchange (`kind`: FLOWC_COMM_ALL_GATHER ...) queued on `stream`; `in` and
   // `out` are device addresses that do not overlap.
   int (*exchange)(void* ctx, int kind, const float* in, float* out, int64_t count, void* stream);

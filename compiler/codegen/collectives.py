@@ -18,13 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowc.compiler.ir import Graph, Node
+from flowc.compiler.ir import Graph, Node, numpy_dtype
 from flowc.compiler.ops.collectives import words_per_element
 from flowc.compiler.program import Kernel, view_roots
 
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
 COMM_FAILED = 900001
 COMM_TIMEOUT = 900002
+# The type of a bucket's sums: dtype -> the engines' code for it (flowc_comm.h, flowc_cuda_comm.h).
+# A bucket holds values of one type, as MPI and NCCL sum one type per call.
+SUM_TYPES = {"float32": "FLOWC_COMM_FLOAT32", "float64": "FLOWC_COMM_FLOAT64",
+             "int32": "FLOWC_COMM_INT32", "int64": "FLOWC_COMM_INT64"}
 # The exchanges of model parallelism: op -> (the engine's `kind`, the elements of one rank's block
 # given the op's input and output sizes and the ranks).  Each is one blocking call at its place
 # in the schedule (flowc_comm.h `exchange`), not bucketed: its reader comes right after it.
@@ -49,20 +53,29 @@ class Bucket:
     sizes: tuple[int, ...]       # elements of each
     start_after: int             # the kernel after which it starts (-1: before the first kernel)
     wait_at: int                 # the kernel before which it is awaited: its first all_reduce kernel
+    dtype: str = "float32"       # of every member (SUM_TYPES)
 
     def offset(self, member: int) -> int:
         """Where `member`'s sums start in the bucket, in elements."""
         i = self.members.index(member)
         return sum(self.sizes[:i])
 
+    @property
+    def itemsize(self) -> int:
+        return numpy_dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.itemsize * sum(self.sizes)
+
 
 def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
     """The buckets of `graph`'s all_reduce nodes under the schedule `kernels` (empty: none).
 
     Sums go into buckets in the order their values are written; a bucket closes before a value that
-    would take it past its `bucket_bytes`, that is written after some member must already be awaited
-    (a sum the forward pass reads, or an update the schedule runs early), or that must be awaited
-    before the bucket's last value is written."""
+    would take it past its `bucket_bytes`, that is of another dtype, that is written after some member
+    must already be awaited (a sum the forward pass reads, or an update the schedule runs early), or
+    that must be awaited before the bucket's last value is written."""
     position = {n: i for i, k in enumerate(kernels) for n in k.nodes()}
     roots = view_roots(graph)          # a view (reshape) -> the node whose buffer it shares
 
@@ -71,12 +84,16 @@ def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
         return position.get(roots.get(source, source), -1)
     sums = sorted((n.id for n in graph.nodes if n.op == "all_reduce"),
                   key=lambda m: (written_at(m), position[m]))
+    def nbytes(node_id: int) -> int:
+        node = graph.node(node_id)
+        return node.type.size * numpy_dtype(node.type.dtype).itemsize
+
     groups: list[list[int]] = []
     for m in sums:
         current = groups[-1] if groups else None
         if current is None or \
-                4 * (sum(graph.node(c).type.size for c in current) + graph.node(m).type.size) > \
-                graph.node(m).attr("bucket_bytes") or \
+                graph.node(m).type.dtype != graph.node(current[0]).type.dtype or \
+                sum(nbytes(c) for c in current) + nbytes(m) > graph.node(m).attr("bucket_bytes") or \
                 written_at(m) >= min(position[c] for c in current) or \
                 position[m] <= max(written_at(c) for c in current):
             groups.append([m])
@@ -88,7 +105,7 @@ def plan_buckets(graph: Graph, kernels: list[Kernel]) -> list[Bucket]:
         wait_at = min(position[m] for m in members)
         assert wait_at > start_after, (index, members)
         plan.append(Bucket(index, tuple(members), tuple(graph.node(m).type.size for m in members),
-                           start_after, wait_at))
+                           start_after, wait_at, graph.node(members[0]).type.dtype))
     return plan
 
 
@@ -97,6 +114,8 @@ def describe(plan: list[Bucket], kernels: list[Kernel]) -> list[str]:
     lines = []
     for b in plan:
         after = kernels[b.start_after].name if b.start_after >= 0 else "the step's start"
-        lines.append(f"bucket {b.index}: {len(b.members)} gradients, {4 * sum(b.sizes)} B; starts after "
+        kind = "" if b.dtype == "float32" else f" {b.dtype}"
+        noun = "gradients" if b.dtype.startswith("float") else "values"
+        lines.append(f"bucket {b.index}: {len(b.members)}{kind} {noun}, {b.nbytes} B; starts after "
                      f"#{b.start_after} {after}, awaited before #{b.wait_at} {kernels[b.wait_at].name}")
     return lines

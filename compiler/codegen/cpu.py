@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
-from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, exchange_words, plan_buckets
+from flowc.compiler.codegen.collectives import EXCHANGES, SUM_TYPES, Bucket, exchange_words, plan_buckets
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
@@ -364,7 +364,8 @@ class CommCalls:
         for m, b in self.bucket_of.items():
             node = graph.node(m)
             if node.attr("scale") == 1.0 and storage[m].kind == "arena" and m not in read_back:
-                direct[m] = code(f"(const_cast<float*>(comm->data(comm->ctx, {b.index})) + {b.offset(m)})")
+                direct[m] = code(f"(static_cast<{c_type(b.dtype)}*>(const_cast<void*>(comm->data(comm->ctx, "
+                                 f"{b.index}))) + {b.offset(m)})")
         for view, root in roots.items():
             if root in direct:
                 direct[view] = direct[root]
@@ -373,8 +374,9 @@ class CommCalls:
     def _start(self, b: Bucket) -> str:
         grads = ", ".join(str(self.gen.pointer(self.gen.graph.node(m).inputs[0])) for m in b.members)
         sizes = ", ".join(str(n) for n in b.sizes)
-        return (f" {{ const float* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
-                f" if (int e = comm->start(comm->ctx, {b.index}, {len(b.members)}, g, n)) return e; }}")
+        return (f" {{ const void* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
+                f" if (int e = comm->start(comm->ctx, {b.index}, {len(b.members)}, g, n, {SUM_TYPES[b.dtype]}))"
+                f" return e; }}")
 
     def before_first(self) -> str:
         """Buckets whose gradients are all sources (start before the first kernel)."""
@@ -399,8 +401,8 @@ class CommCalls:
             return code(f"{self.before_first()}{wait}// {c_identifier(k.name)}: read in bucket {b.index}")
         out = self.gen.pointer(node.id)
         scale = literal(float(node.attr("scale")))
-        return code(f"{self.before_first()}{wait}flowc::comm_unpack(comm->data(comm->ctx, {b.index}) + "
-                    f"{b.offset(node.id)}, {out}, {node.type.size}, {scale});  // {c_identifier(k.name)}")
+        return code(f"{self.before_first()}{wait}flowc::comm_unpack<{c_type(b.dtype)}>(comm->data(comm->ctx, "
+                    f"{b.index}), {b.offset(node.id)}, {out}, {node.type.size}, {scale});  // {c_identifier(k.name)}")
 
     def _exchange(self, index: int, k: Kernel, node) -> CodeText:
         kind = EXCHANGES[node.op][0]

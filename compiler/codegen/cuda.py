@@ -39,7 +39,6 @@ from flowc.compiler.codegen.rows import CUDA_LOWERINGS as FUSED_ROW_LOWERINGS, C
 from flowc.compiler.codegen.sanitise import c_identifier, code, code_format, code_lines
 from flowc.compiler.codegen.templates import environment
 from flowc.compiler.cuda_toolchain import arch_number
-from flowc.compiler.errors import UnsupportedError
 from flowc.compiler.ir import Graph, c_type
 from flowc.compiler.ops import OPS
 from flowc.compiler.program import Kernel, KernelKind, MemoryPlan
@@ -255,7 +254,7 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
     def _start(self, b: Bucket, at: int) -> CommCall:
         """Start bucket `b` before launch `at`: its gradients are the all_reduce nodes' inputs."""
         return CommCall(at, "start", b.index, tuple(self.binding(self.graph.node(m).inputs[0]) for m in b.members),
-                        b.sizes)
+                        b.sizes, b.dtype)
 
     def _numerics_check(self, k: Kernel, node_id: int) -> tuple[str, Launch]:
         """check_numerics after kernel `k`: a kernel scanning the value of `node_id` it stored."""
@@ -368,15 +367,13 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
             self._comm_calls.append(CommCall(-1, "exchange", args=(self.binding(x.id), self.binding(node.id)),
                                              sizes=(number, count)))
             return None, []
-        if node.type.dtype != "float32":
-            raise UnsupportedError(f"{node.loc}: job {self.graph.name!r} sums a {node.type.dtype} value over the "
-                                   "ranks; the GPU engine sums float32 only")
         b = self._bucket_of[node.id]
         scale = float(node.attr("scale"))
         text = self._template("comm_unpack.cu.j2", name=c_identifier(k.name), comment=self.comment(k),
-                              size=node.type.size, scale=None if scale == 1.0 else literal(scale), block=BLOCK)
+                              T=code(c_type(b.dtype)), size=node.type.size,
+                              scale=None if scale == 1.0 else literal(scale), block=BLOCK)
         return text, [Launch(k.name, _grid_1d(node.type.size), (BLOCK, 1, 1), 0,
-                             (("bucket", b.index, 4 * b.offset(node.id)), self.binding(node.id)))]
+                             (("bucket", b.index, b.itemsize * b.offset(node.id)), self.binding(node.id)))]
 
     def _row(self, k: Kernel, params: Params):
         return getattr(self, self.lowering(self.graph.node(k.anchor_id).op).method)(k, params)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowc.compiler import settings
+from flowc.compiler.codegen.collectives import SUM_TYPES
 from flowc.compiler.codegen.common import describe_binding
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_format
 
@@ -36,13 +37,15 @@ ENGINE_KINDS = ("bucket",)
 class CommCall:
     """A call of the communication engine, queued before launch `at` of the step (len(launches):
     after the last one).  `op` "start": sum bucket `bucket`, whose gradients are `args` (their
-    bindings) of `sizes` floats; "wait": the stream waits for bucket `bucket`'s sums; "exchange":
-    `args` = (in, out), `sizes` = (kind, count) (flowc_cuda_comm.h's FLOWC_COMM_ALL_GATHER ...)."""
+    bindings) of `sizes` values of type `dtype`; "wait": the stream waits for bucket `bucket`'s
+    sums; "exchange": `args` = (in, out), `sizes` = (kind, count) (flowc_cuda_comm.h's
+    FLOWC_COMM_ALL_GATHER ...)."""
     at: int
     op: str
     bucket: int = -1
     args: tuple[tuple, ...] = ()
     sizes: tuple[int, ...] = ()
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def address(binding: tuple, table: list[tuple]) -> CodeText:
     """The C++ expression of `binding`'s device address in the host step."""
     kind = binding[0]
     if kind == "bucket":           # a sum where the engine holds it: ("bucket", b, byte offset)
-        sums, offset = f"reinterpret_cast<char*>(comm->data(comm->ctx, {int(binding[1])}))", int(binding[2])
+        sums, offset = f"static_cast<char*>(comm->data(comm->ctx, {int(binding[1])}))", int(binding[2])
         return code(f"{sums} + {offset}" if offset else sums)
     if kind in FIXED:
         offset = int(binding[1]) if len(binding) > 1 else 0
@@ -75,10 +78,10 @@ def address(binding: tuple, table: list[tuple]) -> CodeText:
 def comm_text(call: CommCall, table: list[tuple]) -> CodeText:
     """The C++ statement of one engine call (`err` and the stream `s` are the host step's)."""
     if call.op == "start":
-        grads = ", ".join(f"reinterpret_cast<const float*>({address(b, table)})" for b in call.args)
+        grads = ", ".join(f"static_cast<const void*>({address(b, table)})" for b in call.args)
         sizes = ", ".join(str(int(n)) for n in call.sizes)
-        start = f"comm->start(comm->ctx, {int(call.bucket)}, {len(call.args)}, g, n, s)"
-        return code(f"{{ const float* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
+        start = f"comm->start(comm->ctx, {int(call.bucket)}, {len(call.args)}, g, n, {SUM_TYPES[call.dtype]}, s)"
+        return code(f"{{ const void* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
                     f" if ((err = {start})) return err; }}")
     if call.op == "wait":
         return code(f"if ((err = comm->wait(comm->ctx, {int(call.bucket)}, s))) return err;")

@@ -13,9 +13,12 @@ compiler/passes/data_parallel.py inserts them where a value's layout over the ra
   result came from rank s.  With reshapes and transposes around it, it turns a value split by
   rows into one split by columns and back (a model-parallel layer's activations).
 
-The sums (all_reduce, reduce_scatter) work on float32 values.  all_gather and all_to_all only move
-values, so they also take int32, int64 and float64 ones, which the engines move as 4-byte words
-(a sparse update gathers the batch's indices: compiler/passes/data_parallel.py).  The MPI or NCCL
+An all_reduce sums float32, float64, int32 or int64 values, each in its own type (a float64
+model's gradients; an integer count over the batch that the step reads on), as OneFlow does; an
+integer is never scaled.  reduce_scatter, which only model parallelism uses, sums float32 values.
+all_gather and all_to_all only move values, so they also take int32, int64 and float64 ones, which
+the engines move as 4-byte words (a sparse update gathers the batch's indices:
+compiler/passes/data_parallel.py).  The MPI or NCCL
 engine does the work.  The NumPy reference
 executor runs one process and has no other ranks: it refuses them (tests compare a distributed run
 with the single-process run of the same global batch, or run the ranks' graphs in lock-step:
@@ -27,9 +30,13 @@ from flowc.compiler.ir import TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
 
 
-# What each exchange moves between ranks: the sums add float32 values; the moves copy words.
-SUMMED_DTYPES = ("float32",)
-MOVED_DTYPES = ("float32", "int32", "int64", "float64")
+# The dtypes each collective takes: the sums add values of their own type; the moves copy words.
+ALLOWED_DTYPES = {
+    "all_reduce": ("float32", "float64", "int32", "int64"),
+    "reduce_scatter": ("float32",),
+    "all_gather": ("float32", "int32", "int64", "float64"),
+    "all_to_all": ("float32", "int32", "int64", "float64"),
+}
 _MOVES = ("all_gather", "all_to_all")
 
 
@@ -39,7 +46,7 @@ def words_per_element(dtype: str) -> int:
 
 
 def _checked(op: str, x: TensorType, attrs: dict) -> int:
-    allowed = MOVED_DTYPES if op in _MOVES else SUMMED_DTYPES
+    allowed = ALLOWED_DTYPES[op]
     if x.dtype not in allowed:
         what = "moves" if op in _MOVES else "sums"
         raise ShapeError(f"{op}: flowc {what} {' or '.join(allowed)} values between ranks, got {x.dtype}")
@@ -52,6 +59,8 @@ def _checked(op: str, x: TensorType, attrs: dict) -> int:
 def _infer_all_reduce(inputs: list, attrs: dict) -> TensorType:
     (x,) = inputs
     _checked("all_reduce", x, attrs)
+    if x.dtype.startswith("int") and attrs.get("scale", 1.0) != 1.0:
+        raise ShapeError(f"all_reduce: an {x.dtype} sum cannot be scaled by {attrs['scale']} (a mean of integers)")
     return TensorType(x.shape, x.dtype)
 
 

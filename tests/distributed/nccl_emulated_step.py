@@ -6,7 +6,9 @@ through the real NCCL engine against a fake NCCL over MPI (tests/nccl_emulated.p
 Each rank traces OneFlow's hybrid-parallel MLP (tests/test_model_parallel_pass.py: a data-parallel
 hidden layer, whose gradients are summed in buckets, and a model-parallel output layer, with its
 all_gather, reduce_scatter and all_to_all; NET "bn": tests/test_synced_batch_norm.py's convolution
-with batch norm, whose statistics are all-gathered in the forward pass) as one of the ranks, renders
+with batch norm, whose statistics are all-gathered in the forward pass; NET "wide":
+tests/test_data_parallel_pass.py's float64 layer under a float32 one, with an int32 count over the
+batch, whose sums fill buckets of three types) as one of the ranks, renders
 the CUDA step with its host step, and runs STEPS steps of it on its share of each global batch. Rank
 0 checks that the losses and every variable (the split ones put back together) equal the logical
 job's NumPy reference on the whole batches, that every rank's whole variables are bit-equal, and
@@ -34,11 +36,12 @@ from tests.cuda_emulator_harness import DeviceBuffer, Emulator, host_log
 from tests.nccl_emulated import engine_library, fake_nccl
 from tests.test_cuda_codegen import render
 from tests.test_cuda_host_step import STEP_CDEF
+from tests.test_data_parallel_pass import wide_net
 from tests.test_model_parallel_pass import batch, hybrid_mlp, on_ranks, train_job_of
 from tests.test_synced_batch_norm import bn_net
 
 OPTIMIZER, STEPS = sys.argv[1], int(sys.argv[2])
-NET = {"hybrid": hybrid_mlp, "bn": bn_net}[sys.argv[3] if len(sys.argv) > 3 else "hybrid"]
+NET = {"hybrid": hybrid_mlp, "bn": bn_net, "wide": wide_net}[sys.argv[3] if len(sys.argv) > 3 else "hybrid"]
 comm = MPI.COMM_WORLD
 rank, ranks = comm.Get_rank(), comm.Get_size()
 STREAM = 0x5EED0
@@ -133,7 +136,7 @@ for s in range(STEPS):
 
 for name in local.assigns:
     t = local.variables[name]
-    got = buffers[("variable", name)].view(np.dtype(np.float32), int(np.prod(t.shape))).reshape(t.shape).copy()
+    got = buffers[("variable", name)].view(np.dtype(t.dtype), int(np.prod(t.shape))).reshape(t.shape).copy()
     parts = comm.allgather(got)
     if name in sharded:
         whole = np.concatenate(parts, axis=0)
@@ -148,12 +151,15 @@ for name in local.assigns:
 # the exchanges as NCCL calls, and the end a settle (the stream queried), not a plain synchronize.
 log = logs[-1]
 calls = [line.split()[0] + (" " + line.split()[1] if line.startswith("nccl") else "") for line in log]
-assert "nccl AllReduce" in calls and "nccl AllGather" in calls, calls
+assert "nccl AllReduce" in calls, calls
 if NET is hybrid_mlp:
-    assert "nccl ReduceScatter" in calls, calls
+    assert "nccl AllGather" in calls and "nccl ReduceScatter" in calls, calls
     assert "nccl GroupEnd" in calls, calls                 # the all_to_all: sends and receives in one group
-else:       # batch norm: each layer's statistics gathered in the forward pass, before the first sum
+elif NET is bn_net:       # each layer's statistics gathered in the forward pass, before the first sum
     assert calls.index("nccl AllGather") < calls.index("nccl AllReduce"), calls
+else:                     # a bucket of each type, in its own type (tests/fake_nccl.c logs the NCCL type)
+    sums = sorted({line.split()[2] for line in log if line.startswith("nccl AllReduce")})   # "nccl AllReduce T N"
+    assert sums == ["float32", "float64", "int32"], sums
 assert calls[-1] == "stream_query" and "synchronize" not in calls, calls[-3:]
 first_reduce = calls.index("nccl AllReduce")
 assert calls[first_reduce - 1] == "stream_wait" and calls[first_reduce - 3] == "engine_copy", calls[:first_reduce]
