@@ -100,13 +100,13 @@ def test_a_checkpoint_moves_between_device_counts(saved_by, loaded_by, tmp_path)
     np.testing.assert_allclose(b["losses"], a["losses"][3:], rtol=1e-5, atol=1e-5)
 
 
-def one_and_two_ranks(program: str, tmp_path: Path) -> list[str]:
-    """tests/distributed/PROGRAM.py on one process and on 2 ranks, each saving OUT.npz; both must
-    succeed and save the same values.  Their stdouts."""
+def one_and_two_ranks(program: str, tmp_path: Path, *args: str) -> list[str]:
+    """tests/distributed/PROGRAM.py OUT.npz ARGS on one process and on 2 ranks; both must succeed and
+    save the same values.  Their stdouts."""
     script = str(ROOT / "tests" / "distributed" / f"{program}.py")
     printed = []
     for ranks, out in ((1, "one.npz"), (2, "two.npz")):
-        argv = [sys.executable, script, str(tmp_path / out)]
+        argv = [sys.executable, script, str(tmp_path / out), *args]
         proc = subprocess.run(argv if ranks == 1 else [str(MPIEXEC), "-n", "2", *argv], capture_output=True,
                               text=True, timeout=300, env=environment())
         assert proc.returncode == 0, proc.stderr
@@ -132,10 +132,12 @@ def test_maxima_minima_and_products_along_the_other_axes_train_as_one_process(tm
     one_and_two_ranks("row_reductions", tmp_path)
 
 
-def test_sparse_embedding_updates_on_two_ranks_use_the_whole_batchs_rows(tmp_path):
+@pytest.mark.parametrize("batch", ["8", "7"])
+def test_sparse_embedding_updates_on_two_ranks_use_the_whole_batchs_rows(batch, tmp_path):
     """LazyAdam (int64 ids) and momentum SGD named in indexed_slices_optimizer_conf (int32 ids): the
-    engines all-gather the batch's indices and gradient rows."""
-    one_and_two_ranks("sparse_embedding", tmp_path)
+    engines all-gather the batch's indices and gradient rows (a batch of 7: shares of 4 and 3, padded
+    to equal blocks)."""
+    one_and_two_ranks("sparse_embedding", tmp_path, batch)
 
 
 def test_float64_and_integer_sums_over_the_ranks_are_one_process_sums(tmp_path):

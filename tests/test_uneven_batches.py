@@ -154,23 +154,42 @@ def test_model_parallelism_on_an_uneven_batch_is_refused_naming_the_variable():
         logical_and_ranks(lambda: train_job_of(hybrid_mlp, "sgd", 5), 2)
 
 
-def test_a_sparse_update_on_an_uneven_batch_is_refused_naming_its_line():
+def sparse_job_of(batch, optimizer, index_dtype):
     def make_job():
         config = flow.function_config()
         config.indexed_slices_optimizer_conf(dict(include_op_names=dict(op_name=["table"])))
 
         @flow.global_function(type="train", function_config=config)
-        def train_job(ids: tp.Numpy.Placeholder((5, 2), dtype=flow.int32),
-                      clicks: tp.Numpy.Placeholder((5, 1), dtype=flow.float)) -> tp.Numpy:
+        def train_job(ids: tp.Numpy.Placeholder((batch, 2), dtype=index_dtype),
+                      clicks: tp.Numpy.Placeholder((batch, 1), dtype=flow.float)) -> tp.Numpy:
             table = flow.get_variable("table", shape=(20, 4), initializer=flow.random_normal_initializer(0.0, 0.1))
-            logits = flow.layers.dense(flow.reshape(flow.gather(table, ids), [5, 8]), 1, name="out",
+            logits = flow.layers.dense(flow.reshape(flow.gather(table, ids), [batch, 8]), 1, name="out",
                                        kernel_initializer=INIT)
             loss = flow.math.reduce_mean(flow.nn.sigmoid_cross_entropy_with_logits(clicks, logits))
-            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.05]), momentum=0.9).minimize(loss)
+            if optimizer == "lazy_adam":
+                flow.optimizer.LazyAdam(flow.optimizer.PiecewiseConstantScheduler([], [0.05])).minimize(loss)
+            else:
+                flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.05]), momentum=0.9).minimize(loss)
             return loss
         return train_job
-    with pytest.raises(TraceError, match=r"\.py:\d+: .*needs a batch dividing over the 2 ranks, but the batch is 5"):
-        logical_and_ranks(make_job, 2)
+    return make_job
+
+
+@pytest.mark.parametrize("ranks, batch", [(2, 5), (3, 7), (4, 9)])
+@pytest.mark.parametrize("optimizer, index_dtype", [("momentum", flow.int32), ("lazy_adam", flow.int64)])
+def test_a_sparse_update_on_an_uneven_batch_gathers_every_ranks_rows(ranks, batch, optimizer, index_dtype):
+    """Each rank pads its share of the indices and gradient rows to one block, the blocks are gathered,
+    and every rank cuts the ranks' rows out in rank order: the one-process batch."""
+    rng = np.random.default_rng(ranks)
+    ids = rng.integers(0, 20, (batch, 2))
+    ids[0, 0] = ids[-1, -1] = 7             # a row the first and the last rank's shares both use
+    inputs = [ids.astype(index_dtype.numpy_dtype), rng.integers(0, 2, (batch, 1)).astype(np.float32)]
+    graphs, _ = check_equal(sparse_job_of(batch, optimizer, index_dtype), inputs, ranks)
+    block = -(-batch // ranks) + 1         # the largest share, and one example more: every rank pads
+    blocks = [[g.node(n.inputs[0]).type for n in g.nodes if n.op == "all_gather"] for g in graphs]
+    # the indices (once for both readers) and the gradient rows, in blocks of one shape on every rank
+    assert len(blocks[0]) == 2 and all(b == blocks[0] for b in blocks)
+    assert sorted(t.shape[0] for t in blocks[0]) == [block, block]
 
 
 def test_a_value_whose_rows_do_not_follow_the_examples_is_refused_naming_its_line():

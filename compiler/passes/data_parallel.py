@@ -54,7 +54,7 @@ from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes import model_parallel
-from flowc.compiler.passes.batch_split import BatchSplit
+from flowc.compiler.passes.batch_split import BatchSplit, gather_balanced_rows
 from flowc.compiler.passes.batch_statistics import synced_statistics
 from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, SPLIT, layout_error
 
@@ -494,6 +494,11 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     def changed(i: int, target: str, where: Node) -> int:
         if (i, target) not in boxed:
             node = graph.node(i)
+            if not split.even and (layout[i], target) == (SPLIT, BROADCAST):     # padded to equal blocks
+                def add(op: str, inputs: list, attrs: dict) -> int:
+                    return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
+                boxed[i, target] = gather_balanced_rows(add, new_id[i], split, node.type.shape, node.type.dtype, rank)
+                return boxed[i, target]
             if not split.even:         # the exchanges move equal blocks (MPI's and NCCL's plain collectives)
                 raise _error(where, f"it reads a {layout[i]} value as {target}, an exchange between the ranks "
                                     f"that needs a batch dividing over the {ranks} ranks, but the batch is "

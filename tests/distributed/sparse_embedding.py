@@ -2,8 +2,10 @@
 all-gathers the batch's indices and gradient rows, so every rank updates the rows the whole batch
 used, as one process does.
 
-    python sparse_embedding.py OUT.npz                  # one process
-    mpiexec -n 2 python sparse_embedding.py OUT.npz     # two ranks, half the batch each
+    python sparse_embedding.py OUT.npz [BATCH]                  # one process
+    mpiexec -n 2 python sparse_embedding.py OUT.npz [BATCH]     # two ranks, half the batch each
+
+BATCH (8) may be odd: 7 is split 4 + 3, and the ranks gather their shares of unequal size.
 
 Two train jobs: LazyAdam on an int64-indexed table (always sparse), and momentum SGD on an
 int32-indexed table named in indexed_slices_optimizer_conf (sparse by request, as in OneFlow), with
@@ -18,7 +20,8 @@ import flow
 import flow.typing as tp
 
 OUT = sys.argv[1]
-BATCH, FIELDS, VOCAB, DIM = 8, 3, 50, 4
+BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+FIELDS, VOCAB, DIM = 3, 50, 4
 
 
 def scores(ids, table: str):
