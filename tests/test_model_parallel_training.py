@@ -31,6 +31,14 @@ def test_a_model_parallel_layer_trains_on_two_ranks_as_in_one_process(model, tmp
     assert f"var:{split}-momentum" in values.files
 
 
+@pytest.mark.parametrize("model", ["hybrid", "mixed"])
+def test_a_model_parallel_layer_trains_on_a_batch_that_does_not_divide_over_the_ranks(model, tmp_path):
+    """31 examples over 2 ranks (16 + 15): the exchanges move padded blocks of one size on both ranks."""
+    run(1, model, "3", str(tmp_path / "one.npz"), "--batch", "31")
+    run(2, model, "3", str(tmp_path / "two.npz"), "--batch", "31")
+    same(tmp_path / "one.npz", tmp_path / "two.npz")
+
+
 def test_a_job_reading_split_variables_whole_sees_every_ranks_rows(tmp_path):
     """The train job holds the output layer in slices; the predict job declares it without
     model_distribute and reads it whole, on every rank: the master gathers and resends it first."""

@@ -20,7 +20,7 @@ from flowc.compiler.passes.data_parallel import DEFAULT_BUCKET_BYTES, distribute
 from flowc.compiler.reference import run_reference
 from tests.rank_simulator import run_ranks
 from tests.test_model_parallel_pass import (INIT, OPTIMIZERS, assert_same_step, hybrid_mlp, logical_and_ranks,
-                                            scalars_for)
+                                            mixed_lenet, scalars_for, split_variables_mlp)
 from tests.test_synced_batch_norm import bn_net
 
 
@@ -63,8 +63,10 @@ def inputs_of(batch, seed=0):
 
 
 def rank_graphs(distribution, ranks):
-    """Every rank's graph of the job (the traced one is rank 0's)."""
-    return [distribute(distribution.logical, ranks, DEFAULT_BUCKET_BYTES, rank=r)[0] for r in range(ranks)]
+    """Every rank's graph of the job (the traced one is rank 0's), its split variables split alike."""
+    split_variables = {var: "(traced)" for var in distribution.sharded}
+    return [distribute(distribution.logical, ranks, DEFAULT_BUCKET_BYTES, split_variables=split_variables, rank=r)[0]
+            for r in range(ranks)]
 
 
 def check_equal(make_job, inputs, ranks):
@@ -148,10 +150,18 @@ def test_an_uneven_batch_among_several_batch_sizes_is_refused_naming_the_placeho
         logical_and_ranks(make_job, 2)
 
 
-def test_model_parallelism_on_an_uneven_batch_is_refused_naming_the_variable():
-    with pytest.raises(TraceError, match=r"variable 'out-weight' is split over the devices .* the batch is 5: use a "
-                                         r"multiple of 2"):
-        logical_and_ranks(lambda: train_job_of(hybrid_mlp, "sgd", 5), 2)
+@pytest.mark.parametrize("ranks, batch", [(2, 5), (4, 9), (4, 10)])
+@pytest.mark.parametrize("net", [hybrid_mlp, split_variables_mlp, mixed_lenet], ids=lambda net: net.__name__)
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_a_model_parallel_layer_trains_on_an_uneven_batch_as_the_logical_job(ranks, batch, net, optimizer):
+    """The batch gathered before the split layer, its columns turned to rows and back, and dx's partial
+    sums scattered, each in padded blocks of one shape on every rank (compiler/passes/balanced_boxing.py)."""
+    images, labels = inputs_of(batch)
+    graphs, _ = check_equal(lambda: train_job_of(net, optimizer, batch), [images, labels % 4], ranks)
+    exchanges = [[(n.op, g.node(n.inputs[0]).type) for n in g.nodes if n.op in ("all_gather", "all_to_all",
+                                                                                 "reduce_scatter")] for g in graphs]
+    assert {op for op, _ in exchanges[0]} == {"all_gather", "all_to_all", "reduce_scatter"}
+    assert all(e == exchanges[0] for e in exchanges), "the ranks exchange blocks of different shapes"
 
 
 def sparse_job_of(batch, optimizer, index_dtype):

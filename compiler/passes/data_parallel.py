@@ -54,7 +54,8 @@ from flowc.compiler.ir import FLOAT_DTYPES, Graph, GraphBuilder, Node
 from flowc.compiler.ops import OPS, ShapeError
 from flowc.compiler.ops.random_shards import RANK_SCALAR
 from flowc.compiler.passes import model_parallel
-from flowc.compiler.passes.batch_split import BatchSplit, gather_balanced_rows
+from flowc.compiler.passes.balanced_boxing import BALANCED_BOXING
+from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.batch_statistics import synced_statistics
 from flowc.compiler.passes.layouts import BROADCAST, COLS, MODEL, PARTIAL, SPLIT, layout_error
 
@@ -462,11 +463,6 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
                          "mirrored view, where each device runs its own model: use the consistent view (the "
                          "default) or declare it without distribute")
     split = BatchSplit(ranks) if mirrored else _batch_split(graph, ranks)
-    if not split.even and split_variables:
-        var, line = next(iter(split_variables.items()))
-        raise TraceError(f"{line}: variable {var!r} is split over the devices (model parallelism), whose exchanges "
-                         f"need a batch that divides over the {ranks} ranks, but the batch is {split.batch}: use a "
-                         f"multiple of {ranks}")
     rules = _Layouts(graph, ranks, mirrored, split_variables, split)
     layout = rules.run()
     scale = 1.0
@@ -494,15 +490,16 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     def changed(i: int, target: str, where: Node) -> int:
         if (i, target) not in boxed:
             node = graph.node(i)
-            if not split.even and (layout[i], target) == (SPLIT, BROADCAST):     # padded to equal blocks
+            if not split.even and (layout[i], target) in BALANCED_BOXING:     # the batch's rows, in padded blocks
                 def add(op: str, inputs: list, attrs: dict) -> int:
                     return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
-                boxed[i, target] = gather_balanced_rows(add, new_id[i], split, node.type.shape, node.type.dtype, rank)
+                try:
+                    boxed[i, target] = BALANCED_BOXING[layout[i], target](add, new_id[i], split, node.type.shape,
+                                                                           node.type.dtype, rank)
+                except ShapeError as err:
+                    raise _error(where, f"it reads a {layout[i]} value as {target}, which flowc cannot make "
+                                        f"({err})") from None
                 return boxed[i, target]
-            if not split.even:         # the exchanges move equal blocks (MPI's and NCCL's plain collectives)
-                raise _error(where, f"it reads a {layout[i]} value as {target}, an exchange between the ranks "
-                                    f"that needs a batch dividing over the {ranks} ranks, but the batch is "
-                                    f"{split.batch}: use a multiple of {ranks}")
             try:
                 boxed[i, target] = model_parallel.box(builder, new_id[i], layout[i], target, ranks, node.type.shape,
                                                       loc=node.loc, role=where.role, device=node.type.device)
@@ -624,7 +621,7 @@ def _local_shape(shape: tuple[int, ...], layout: str, split: BatchSplit, rank: i
     """The shape of rank `rank`'s share of a value of logical `shape` laid out as `layout`."""
     if layout == SPLIT and shape:
         return (split.rows(shape[0], rank),) + shape[1:]
-    if layout == MODEL and shape:        # a variable's rows: model parallelism needs an even batch (distribute)
+    if layout == MODEL and shape:        # a variable's rows, which divide over the ranks (_model_variable)
         return (shape[0] // split.ranks,) + shape[1:]
     if layout == COLS:
         return shape[:-1] + (shape[-1] // split.ranks,)

@@ -270,7 +270,7 @@ def _scatter_batch_partials(rules: Any, n: Node, seen: dict[int, str]) -> None:
         return
     for i, layout in seen.items():
         shape = g.node(i).type.shape
-        if layout != PARTIAL or not shape or shape[0] % rules.ranks:
+        if layout != PARTIAL or not shape or not rules.split.divides(shape[0]):
             continue
         if shape[0] in extents or i in rules.row_partials:
             rules.converted[(n.id, i)] = SPLIT
