@@ -15,8 +15,11 @@ import pytest
 import flow
 import flow.typing as tp
 from flowc.compiler.errors import TraceError
+from flowc.compiler.ops import ShapeError
+from flowc.compiler.passes.balanced_boxing import BALANCED_BOXING
 from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.data_parallel import DEFAULT_BUCKET_BYTES, distribute
+from flowc.compiler.passes.layouts import BROADCAST, COLS, SPLIT
 from flowc.compiler.reference import run_reference
 from tests.rank_simulator import run_ranks
 from tests.test_model_parallel_pass import (INIT, OPTIMIZERS, assert_same_step, hybrid_mlp, logical_and_ranks,
@@ -211,3 +214,13 @@ def test_a_value_whose_rows_do_not_follow_the_examples_is_refused_naming_its_lin
     with pytest.raises(TraceError, match=r"test_uneven_batches.py:\d+: .*like the batch of 5 examples \(3 \+ 2 over 2 "
                                          r"ranks\): a multiple of 5"):
         logical_and_ranks(make_job, 2)
+
+
+@pytest.mark.parametrize("change, shape, match", [
+    ((SPLIT, BROADCAST), (7, 3), r"7 rows do not split like the batch of 5 examples \(3 \+ 2 over 2 ranks\)"),
+    ((COLS, SPLIT), (5, 3), r"a value of shape \[5, 3\] is not \(rows, units\) with units dividing over 2 ranks"),
+])
+def test_an_exchange_in_padded_blocks_of_a_value_that_does_not_split_like_the_batch_is_a_shape_error(
+        change, shape, match):
+    with pytest.raises(ShapeError, match=match):
+        BALANCED_BOXING[change](lambda op, inputs, attrs: 0, 0, BatchSplit(2, batch=5), shape, "float32", 0)

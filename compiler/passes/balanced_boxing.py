@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from flowc.compiler.ops import ShapeError
 from flowc.compiler.passes.batch_split import BatchSplit
 from flowc.compiler.passes.layouts import BROADCAST, COLS, PARTIAL, SPLIT
 
@@ -35,8 +36,16 @@ Add = Callable[[str, list, dict], int]
 
 def _block(split: BatchSplit, extent: int) -> int:
     """Rows of one rank's block of a value with `extent` rows: the largest share and one example more."""
-    assert split.batch is not None and split.divides(extent), (split, extent)
+    if split.batch is None or not split.divides(extent):
+        raise ShapeError(f"{extent} rows do not split {split.describe()}")
     return split.rows(extent, 0) + extent // split.batch
+
+
+def _rows_and_units(shape: tuple[int, ...], ranks: int) -> tuple[int, int]:
+    """(rows, units) of a (rows, units) value whose units divide over the ranks."""
+    if len(shape) != 2 or shape[1] % ranks:
+        raise ShapeError(f"a value of shape {list(shape)} is not (rows, units) with units dividing over {ranks} ranks")
+    return shape[0], shape[1]
 
 
 def _padded(add: Add, x: int, rows: int, block: int, rest: tuple[int, ...], dtype: str) -> int:
@@ -80,7 +89,7 @@ def scatter_sum(add: Add, x: int, split: BatchSplit, shape: tuple[int, ...], dty
 
 def columns_to_rows(add: Add, x: int, split: BatchSplit, shape: tuple[int, ...], dtype: str, rank: int) -> int:
     """Every row of this rank's columns (N, u) -> this rank's rows of every column (n, U)."""
-    extent, units = shape
+    extent, units = _rows_and_units(shape, split.ranks)
     ranks, block, width = split.ranks, _block(split, extent), units // split.ranks
     blocks = add("reshape", [_blocks_of_whole(add, x, split, extent, (width,), dtype)],
                  {"shape": (ranks, block, width)})
@@ -92,7 +101,7 @@ def columns_to_rows(add: Add, x: int, split: BatchSplit, shape: tuple[int, ...],
 
 def rows_to_columns(add: Add, x: int, split: BatchSplit, shape: tuple[int, ...], dtype: str, rank: int) -> int:
     """This rank's rows of every column (n, U) -> every row of this rank's columns (N, u)."""
-    extent, units = shape
+    extent, units = _rows_and_units(shape, split.ranks)
     ranks, block, width = split.ranks, _block(split, extent), units // split.ranks
     padded = _padded(add, x, split.rows(extent, rank), block, (units,), dtype)
     # block s: this rank's (padded) rows of rank s's columns
