@@ -32,7 +32,7 @@ typedef fake_comm* ncclComm_t;
 enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, IN_PROGRESS = 7, FLOAT32 = 7,
        SUM = 0, INT32 = 2, INT64 = 4, FLOAT64 = 8 };
 
-/* An all-reduce's NCCL type as MPI's, its size and name; size 0: a type the fake does not sum. */
+/* A collective's NCCL type as MPI's, its size and name; size 0: a type the fake does not take. */
 static size_t summed_type(int type, MPI_Datatype* mpi, const char** name) {
   switch (type) {
     case FLOAT32: *mpi = MPI_FLOAT; *name = "float32"; return 4;
@@ -51,6 +51,13 @@ static void note(const char* what, size_t count) {
   char line[128];
   snprintf(line, sizeof line, "nccl %s %zu", what, count);
   emu_host_record(line);
+}
+
+/* "nccl WHAT TYPE COUNT" in the host log */
+static void note_typed(const char* what, const char* name, size_t count) {
+  char line[48];
+  snprintf(line, sizeof line, "%s %s", what, name);
+  note(line, count);
 }
 
 static int fails(const char* name) {
@@ -137,9 +144,7 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, 
   const char* name = "";
   const size_t size = summed_type(type, &mpi, &name);
   if (size == 0 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
-  char what[32];
-  snprintf(what, sizeof what, "AllReduce %s", name);
-  note(what, count);
+  note_typed("AllReduce", name, count);
   MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi, MPI_SUM, c->comm);
   emu_mark_written(recv, count * size);
   return queued(c);
@@ -147,46 +152,54 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, 
 
 int ncclAllGather(const void* send, void* recv, size_t count, int type, ncclComm_t c, void* stream) {
   (void)stream;
-  if (type != FLOAT32 || group.open || busy(c)) return INVALID_USAGE;
-  note("AllGather", count);
-  MPI_Allgather(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, c->comm);
-  emu_mark_written(recv, count * sizeof(float) * (size_t)c->ranks);
+  MPI_Datatype mpi = MPI_DATATYPE_NULL;
+  const char* name = "";
+  const size_t size = summed_type(type, &mpi, &name);
+  if (size == 0 || group.open || busy(c)) return INVALID_USAGE;
+  note_typed("AllGather", name, count);
+  MPI_Allgather(send, (int)count, mpi, recv, (int)count, mpi, c->comm);
+  emu_mark_written(recv, count * size * (size_t)c->ranks);
   return queued(c);
 }
 
 int ncclReduceScatter(const void* send, void* recv, size_t count, int type, int op, ncclComm_t c, void* stream) {
   (void)stream;
-  if (type != FLOAT32 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
-  note("ReduceScatter", count);
-  MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, c->comm);
-  emu_mark_written(recv, count * sizeof(float));
+  MPI_Datatype mpi = MPI_DATATYPE_NULL;
+  const char* name = "";
+  const size_t size = summed_type(type, &mpi, &name);
+  if (size == 0 || op != SUM || group.open || busy(c)) return INVALID_USAGE;
+  note_typed("ReduceScatter", name, count);
+  MPI_Reduce_scatter_block(send, recv, (int)count, mpi, MPI_SUM, c->comm);
+  emu_mark_written(recv, count * size);
   return queued(c);
 }
 
 static int post(int receive, void* buf, size_t count, int type, int peer, ncclComm_t c) {
-  if (type != FLOAT32 || !group.open || group.count >= MAX_PENDING || peer < 0 || peer >= c->ranks || busy(c) ||
+  MPI_Datatype mpi = MPI_DATATYPE_NULL;
+  const char* name = "";
+  const size_t size = summed_type(type, &mpi, &name);
+  if (size == 0 || !group.open || group.count >= MAX_PENDING || peer < 0 || peer >= c->ranks || busy(c) ||
       (group.comm && group.comm != c))
     return INVALID_USAGE;
+  note_typed(receive ? "Recv" : "Send", name, count);
   group.comm = c;
   int i = group.count++;
   group.recv[i] = receive ? buf : NULL;
-  group.bytes[i] = count * sizeof(float);
+  group.bytes[i] = count * size;
   if (receive)
-    MPI_Irecv(buf, (int)count, MPI_FLOAT, peer, 7, c->comm, &group.requests[i]);
+    MPI_Irecv(buf, (int)count, mpi, peer, 7, c->comm, &group.requests[i]);
   else
-    MPI_Isend(buf, (int)count, MPI_FLOAT, peer, 7, c->comm, &group.requests[i]);
+    MPI_Isend(buf, (int)count, mpi, peer, 7, c->comm, &group.requests[i]);
   return SUCCESS;
 }
 
 int ncclSend(const void* buf, size_t count, int type, int peer, ncclComm_t c, void* stream) {
   (void)stream;
-  note("Send", count);
   return post(0, (void*)buf, count, type, peer, c);
 }
 
 int ncclRecv(void* buf, size_t count, int type, int peer, ncclComm_t c, void* stream) {
   (void)stream;
-  note("Recv", count);
   return post(1, buf, count, type, peer, c);
 }
 

@@ -516,7 +516,8 @@ def test_the_generated_step_sums_each_bucket_in_its_own_type():
     ("all_reduce", "int32", {"scale": 0.5}, "an int32 sum cannot be scaled by 0.5"),
     ("all_reduce", "uint8", {"scale": 1.0},
      "sums float32 or float64 or int32 or int64 values between ranks, got uint8"),
-    ("reduce_scatter", "float64", {}, "sums float32 values between ranks, got float64"),
+    ("reduce_scatter", "int8", {}, "sums float32 or float64 or int32 or int64 values between ranks, got int8"),
+    ("all_gather", "uint8", {}, "moves float32 or float64 or int32 or int64 values between ranks, got uint8"),
 ])
 def test_a_sum_of_a_type_the_engines_cannot_add_is_refused(op, dtype, attrs, match):
     from flowc.compiler.ir import TensorType

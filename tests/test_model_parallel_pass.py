@@ -34,6 +34,15 @@ def hybrid_mlp(x):
                              name="out", model_distribute=SPLIT)
 
 
+def double_hybrid_mlp(x):
+    """The hybrid-parallel MLP in float64: its exchanges move and sum float64 values."""
+    x = flow.cast(flow.reshape(x, [x.shape[0], -1]), flow.double)
+    x = flow.layers.dense(x, 12, activation=flow.nn.relu, kernel_initializer=INIT, name="hidden")
+    x = flow.layers.dense(x, 8, kernel_initializer=INIT, bias_initializer=flow.ones_initializer(), name="out",
+                          model_distribute=SPLIT)
+    return flow.cast(x, flow.float)
+
+
 def mixed_lenet(x):
     """Data-parallel convolution, a model-parallel hidden layer (relu, dropout), a data-parallel output."""
     x = flow.layers.conv2d(x, 4, 3, padding="SAME", activation=flow.nn.relu, kernel_initializer=INIT,
@@ -137,6 +146,14 @@ def test_a_model_parallel_output_layer_trains_as_the_logical_job(optimizer):
     # the data-parallel hidden layer still sums its whole gradients (bucketed all_reduce)
     sums = [n for n in local.nodes if n.op == "all_reduce"]
     assert {n.type.shape for n in sums} == {(12,), (12, 16)}
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_a_float64_model_parallel_layer_exchanges_float64_values(optimizer):
+    local, _ = check_equal(lambda: train_job_of(double_hybrid_mlp, optimizer), batch(4))
+    exchanged = {(n.op, n.type.dtype) for n in local.nodes if n.op in ("all_gather", "all_to_all", "reduce_scatter")}
+    # (the logits' columns go back to rows after the cast to float32)
+    assert exchanged >= {("all_gather", "float64"), ("all_to_all", "float64"), ("reduce_scatter", "float64")}
 
 
 def test_a_model_parallel_hidden_layer_between_convolutions_and_a_dense_layer_with_dropout():

@@ -94,9 +94,10 @@ def test_a_comm_call_renders_with_addresses_from_the_table():
                      "if ((err = comm->start(comm->ctx, 1, 2, g, n, FLOWC_COMM_FLOAT32, s))) return err; }")
     double = comm_text(CommCall(0, "start", 0, (("arena", 0),), (3,), "float64"), table)
     assert "comm->start(comm->ctx, 0, 1, g, n, FLOWC_COMM_FLOAT64, s)" in double
-    exchange = comm_text(CommCall(0, "exchange", args=(("bucket", 0, 8), ("arena", 0)), sizes=(3, 5)), table)
-    assert "comm->exchange(comm->ctx, 3, reinterpret_cast<const float*>(static_cast<char*>(" \
-           "comm->data(comm->ctx, 0)) + 8), reinterpret_cast<float*>(buffers[0]), 5, s)" in exchange
+    exchange = comm_text(CommCall(0, "exchange", args=(("bucket", 0, 8), ("arena", 0)), sizes=(3, 5),
+                                  dtype="int64"), table)
+    assert "comm->exchange(comm->ctx, 3, static_cast<const void*>(static_cast<char*>(" \
+           "comm->data(comm->ctx, 0)) + 8), static_cast<void*>(buffers[0]), 5, FLOWC_COMM_INT64, s)" in exchange
 
 
 def _run_ranks(*args: str, env: dict[str, str] | None = None, ranks: int = 2,
@@ -117,6 +118,16 @@ def test_two_emulated_gpus_train_the_hybrid_mlp_as_the_logical_job(optimizer):
     proc = _run_ranks(optimizer, "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok: 3 steps on 2 ranks") == 1, proc.stdout
+
+
+@needs_gxx
+@needs_mpi
+def test_two_emulated_gpus_exchange_float64_values_of_a_float64_model_parallel_layer():
+    """ncclAllGather, ncclReduceScatter and the all-to-all's sends in ncclFloat64 (nccl_emulated_step.py
+    checks the types NCCL was given); the step trains as the logical job."""
+    proc = _run_ranks("momentum", "2", "double")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok: 2 steps on 2 ranks") == 1, proc.stdout
 
 
 @needs_gxx
@@ -271,7 +282,7 @@ typedef struct {
   int (*start)(void*, int, int, const void* const*, const int64_t*, int, void*);
   int (*wait)(void*, int, void*);
   void* (*data)(void*, int);
-  int (*exchange)(void*, int, const float*, float*, int64_t, void*);
+  int (*exchange)(void*, int, const void*, void*, int64_t, int, void*);
   int (*settle)(void*, void*);
 } table_t;
 """

@@ -7,6 +7,8 @@ rank order, and every rank updates the rows the whole batch used: the one-proces
 against the logical job; tests/test_distributed_training.py runs tests/distributed/sparse_embedding.py
 on 2 MPI ranks.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -127,9 +129,10 @@ def test_a_sparse_update_is_refused_in_the_mirrored_view_naming_its_line():
         _ = train_job.graph
 
 
-@pytest.mark.parametrize("index_dtype, words", [(flow.int64, 2), (flow.int32, 1)])
-def test_the_engines_move_the_indices_as_four_byte_words(index_dtype, words):
-    """The engines count in float32 words (flowc_comm.h, flowc_cuda_comm.h): an int64 index is two."""
+@pytest.mark.parametrize("index_dtype, code", [(flow.int64, "FLOWC_COMM_INT64"), (flow.int32, "FLOWC_COMM_INT32")])
+def test_the_engines_move_the_indices_in_their_own_type(index_dtype, code):
+    """Each exchange names its values' type and counts them (flowc_comm.h, flowc_cuda_comm.h): an int64
+    index is one int64, not two float32 words."""
     from flowc.compiler.pipeline import lower
     from tests.test_cuda_codegen import render
     on_ranks(2)
@@ -137,8 +140,9 @@ def test_the_engines_move_the_indices_as_four_byte_words(index_dtype, words):
     share = B // 2 * FIELDS
     source = job.compile().source()
     gathers = [line for line in source.splitlines() if "FLOWC_COMM_ALL_GATHER" in line and "comm->exchange" in line]
-    counts = sorted(int(line.split(")) return e;")[0].rsplit(",", 1)[1]) for line in gathers)
-    assert counts == sorted([share * words, share * DIM])
+    calls = sorted(re.search(r"comm->exchange\(comm->ctx, FLOWC_COMM_ALL_GATHER, [^,]+, [^,]+, (\d+), (\w+)\)",
+                             line).groups() for line in gathers)
+    assert calls == sorted([(str(share), code), (str(share * DIM), "FLOWC_COMM_FLOAT32")])
     step = render(lower(job.graph))
-    exchanges = sorted(call.sizes[1] for call in step.comm_calls if call.op == "exchange")
-    assert exchanges == sorted([share * words, share * DIM])
+    exchanges = sorted((call.sizes[1], call.dtype) for call in step.comm_calls if call.op == "exchange")
+    assert exchanges == sorted([(share, index_dtype.ir_name), (share * DIM, "float32")])

@@ -13,10 +13,11 @@
 #define FLOWC_COMM_ERROR_FAILED 900001      // the engine reported an error
 #define FLOWC_COMM_ERROR_TIMEOUT 900002     // a peer did not take part within the timeout (lost?)
 // The exchanges of model parallelism (compiler/passes/model_parallel.py), `kind` of `exchange`.
-#define FLOWC_COMM_ALL_GATHER 1        // in: count floats; out: every rank's count, in rank order
-#define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count floats; out: this rank's count of their sums
+#define FLOWC_COMM_ALL_GATHER 1        // in: count values; out: every rank's count, in rank order
+#define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count values; out: this rank's count of their sums
 #define FLOWC_COMM_ALL_TO_ALL 3        // in: ranks blocks of count; out block s: rank s's block for this rank
-// The type of a bucket's values, `dtype` of `start` (compiler/codegen/collectives.py, SUM_TYPES).
+// The type of the values of a bucket or an exchange, `dtype` of `start` and `exchange`
+// (compiler/codegen/collectives.py, COMM_TYPES).
 #define FLOWC_COMM_FLOAT32 0
 #define FLOWC_COMM_FLOAT64 1
 #define FLOWC_COMM_INT32 2
@@ -34,9 +35,10 @@ struct flowc_comm {
   int (*wait)(void* ctx, int bucket);
   // The sums of bucket `bucket`, the gradients one after the other (of its start's type), after its wait.
   const void* (*data)(void* ctx, int bucket);
-  // Exchange one value between the ranks (`kind`: FLOWC_COMM_ALL_GATHER ...) and wait for it: a
-  // model-parallel layer needs the result at once.  `in` and `out` do not overlap.
-  int (*exchange)(void* ctx, int kind, const float* in, float* out, int64_t count);
+  // Exchange one value between the ranks (`kind`: FLOWC_COMM_ALL_GATHER ...; `count` values of type
+  // `dtype` per rank's block) and wait for it: a model-parallel layer needs the result at once.
+  // `in` and `out` do not overlap.
+  int (*exchange)(void* ctx, int kind, const void* in, void* out, int64_t count, int dtype);
 };
 }
 

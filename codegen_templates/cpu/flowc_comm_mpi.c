@@ -26,7 +26,7 @@
 #define FLOWC_COMM_INT32 2
 #define FLOWC_COMM_INT64 3
 
-/* A bucket's type (FLOWC_COMM_FLOAT32 ...) as MPI's datatype and its size; 0: not one of them. */
+/* A bucket's or an exchange's type (FLOWC_COMM_FLOAT32 ...) as MPI's datatype and its size; 0: not one of them. */
 static MPI_Datatype sum_type(int dtype, size_t* size) {
   switch (dtype) {
     case FLOWC_COMM_FLOAT32: *size = 4; return MPI_FLOAT;
@@ -59,7 +59,7 @@ struct flowc_comm {
   int (*progress)(void*);
   int (*wait)(void*, int);
   const void* (*data)(void*, int);
-  int (*exchange)(void*, int, const float*, float*, int64_t);
+  int (*exchange)(void*, int, const void*, void*, int64_t, int);
 };
 
 static int comm_start(void* opaque, int b, int count, const void* const* grads, const int64_t* sizes, int dtype) {
@@ -133,21 +133,24 @@ static int comm_wait(void* opaque, int b) {
   return rc;
 }
 
-static int comm_exchange(void* opaque, int kind, const float* in, float* out, int64_t count) {
+static int comm_exchange(void* opaque, int kind, const void* in, void* out, int64_t count, int dtype) {
   flowc_mpi_t* c = (flowc_mpi_t*)opaque;
   if (count < 0 || count > 0x7fffffff) return FLOWC_COMM_ERROR_FAILED;   /* MPI counts are int */
+  size_t size = 0;
+  const MPI_Datatype type = sum_type(dtype, &size);
+  if (size == 0) return FLOWC_COMM_ERROR_FAILED;
   const int n = (int)count;
   MPI_Request request = MPI_REQUEST_NULL;
   int rc;
   switch (kind) {
     case FLOWC_COMM_ALL_GATHER:
-      rc = MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c->comm, &request);
+      rc = MPI_Iallgather(in, n, type, out, n, type, c->comm, &request);
       break;
     case FLOWC_COMM_REDUCE_SCATTER:
-      rc = MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, c->comm, &request);
+      rc = MPI_Ireduce_scatter_block(in, out, n, type, MPI_SUM, c->comm, &request);
       break;
     case FLOWC_COMM_ALL_TO_ALL:
-      rc = MPI_Ialltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c->comm, &request);
+      rc = MPI_Ialltoall(in, n, type, out, n, type, c->comm, &request);
       break;
     default:
       return FLOWC_COMM_ERROR_FAILED;

@@ -119,7 +119,8 @@ void pause_after(int spins) {
   }
 }
 
-// A bucket's type (FLOWC_COMM_FLOAT32 ...) as NCCL's datatype and its size; size 0: not one of them.
+// A bucket's or an exchange's type (FLOWC_COMM_FLOAT32 ...) as NCCL's datatype and its size; size 0: not
+// one of them.
 struct SumType { int nccl; size_t size; };
 SumType sum_type(int dtype) {
   switch (dtype) {
@@ -265,26 +266,31 @@ void* comm_data(void* ctx, int b) {
   return b >= 0 && b < (int)e->buckets.size() ? e->buckets[b].data : nullptr;
 }
 
-int comm_exchange(void* ctx, int kind, const float* in, float* out, int64_t count, void* stream_) {
+int comm_exchange(void* ctx, int kind, const void* in, void* out, int64_t count, int dtype, void* stream_) {
   Engine* e = static_cast<Engine*>(ctx);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if (e->comm == nullptr) return failed(e, "the NCCL communicator was aborted by an earlier failure");
+  const SumType type = sum_type(dtype);
+  if (type.size == 0) return failed(e, "a step asked for an exchange of a type the engine does not move");
   const Nccl& c = e->nccl;
+  const size_t block = (size_t)count * type.size;     // bytes of one rank's block
   ncclResult_t n = kNcclSuccess;
   switch (kind) {
     case FLOWC_COMM_ALL_GATHER:
-      n = c.AllGather(in, out, (size_t)count, kNcclFloat32, e->comm, stream);
+      n = c.AllGather(in, out, (size_t)count, type.nccl, e->comm, stream);
       break;
     case FLOWC_COMM_REDUCE_SCATTER:
-      n = c.ReduceScatter(in, out, (size_t)count, kNcclFloat32, kNcclSum, e->comm, stream);
+      n = c.ReduceScatter(in, out, (size_t)count, type.nccl, kNcclSum, e->comm, stream);
       break;
     case FLOWC_COMM_ALL_TO_ALL:
       // Block s of `in` goes to rank s; block s of `out` comes from rank s (one group: no deadlock).
       n = c.GroupStart();
       for (int peer = 0; peer < e->ranks && (n == kNcclSuccess || n == kNcclInProgress); ++peer) {
-        n = c.Send(in + (size_t)peer * count, (size_t)count, kNcclFloat32, peer, e->comm, stream);
+        n = c.Send(static_cast<const char*>(in) + (size_t)peer * block, (size_t)count, type.nccl, peer, e->comm,
+                   stream);
         if (n == kNcclSuccess || n == kNcclInProgress)
-          n = c.Recv(out + (size_t)peer * count, (size_t)count, kNcclFloat32, peer, e->comm, stream);
+          n = c.Recv(static_cast<char*>(out) + (size_t)peer * block, (size_t)count, type.nccl, peer, e->comm,
+                     stream);
       }
       {
         ncclResult_t end = c.GroupEnd();       // always closes the group it opened

@@ -13,10 +13,11 @@
 
 #define FLOWC_COMM_ERROR_FAILED 900001      // NCCL or CUDA reported an error in a collective
 #define FLOWC_COMM_ERROR_TIMEOUT 900002     // a peer did not take part within the timeout (lost?)
-#define FLOWC_COMM_ALL_GATHER 1        // in: count floats; out: every rank's count, in rank order
-#define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count floats; out: this rank's count of their sums
+#define FLOWC_COMM_ALL_GATHER 1        // in: count values; out: every rank's count, in rank order
+#define FLOWC_COMM_REDUCE_SCATTER 2    // in: ranks * count values; out: this rank's count of their sums
 #define FLOWC_COMM_ALL_TO_ALL 3        // in: ranks blocks of count; out block s: rank s's block for this rank
-// The type of a bucket's values, `dtype` of `start` (compiler/codegen/collectives.py, SUM_TYPES).
+// The type of the values of a bucket or an exchange, `dtype` of `start` and `exchange`
+// (compiler/codegen/collectives.py, COMM_TYPES).
 #define FLOWC_COMM_FLOAT32 0
 #define FLOWC_COMM_FLOAT64 1
 #define FLOWC_COMM_INT32 2
@@ -34,9 +35,9 @@ struct flowc_cuda_comm {
   int (*wait)(void* ctx, int bucket, void* stream);
   // The device address of bucket `bucket`'s sums, the gradients one after the other.
   void* (*data)(void* ctx, int bucket);
-  // One model-parallel exchange (`kind`: FLOWC_COMM_ALL_GATHER ...) queued on `stream`; `in` and
-  // `out` are device addresses that do not overlap.
-  int (*exchange)(void* ctx, int kind, const float* in, float* out, int64_t count, void* stream);
+  // One model-parallel exchange (`kind`: FLOWC_COMM_ALL_GATHER ...; `count` values of type `dtype`
+  // per rank's block) queued on `stream`; `in` and `out` are device addresses that do not overlap.
+  int (*exchange)(void* ctx, int kind, const void* in, void* out, int64_t count, int dtype, void* stream);
   // Block until `stream` has finished, failing with FLOWC_COMM_ERROR_TIMEOUT when a peer stopped
   // taking part: instead of the host step's plain synchronize.
   int (*settle)(void* ctx, void* stream);

@@ -19,16 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowc.compiler.ir import Graph, Node, numpy_dtype
-from flowc.compiler.ops.collectives import words_per_element
 from flowc.compiler.program import Kernel, view_roots
 
 # Error codes of the engine (codegen_templates/cpu/flowc_comm.h): a step returns them as they are.
 COMM_FAILED = 900001
 COMM_TIMEOUT = 900002
-# The type of a bucket's sums: dtype -> the engines' code for it (flowc_comm.h, flowc_cuda_comm.h).
-# A bucket holds values of one type, as MPI and NCCL sum one type per call.
-SUM_TYPES = {"float32": "FLOWC_COMM_FLOAT32", "float64": "FLOWC_COMM_FLOAT64",
-             "int32": "FLOWC_COMM_INT32", "int64": "FLOWC_COMM_INT64"}
+# The type of the values a collective moves or sums: dtype -> the engines' code for it (flowc_comm.h,
+# flowc_cuda_comm.h).  A bucket holds values of one type, as MPI and NCCL take one type per call.
+COMM_TYPES = {"float32": "FLOWC_COMM_FLOAT32", "float64": "FLOWC_COMM_FLOAT64",
+              "int32": "FLOWC_COMM_INT32", "int64": "FLOWC_COMM_INT64"}
 # The exchanges of model parallelism: op -> (the engine's `kind`, the elements of one rank's block
 # given the op's input and output sizes and the ranks).  Each is one blocking call at its place
 # in the schedule (flowc_comm.h `exchange`), not bucketed: its reader comes right after it.
@@ -39,11 +38,10 @@ EXCHANGES = {
 }
 
 
-def exchange_words(node: Node, x: Node) -> int:
-    """The `count` of exchange `node` (reading `x`) in the engine's unit, 4-byte words: an int64
-    index or a float64 is two (compiler/ops/collectives.py)."""
+def exchange_count(node: Node, x: Node) -> int:
+    """The `count` of exchange `node` (reading `x`): values of x's type in one rank's block."""
     _, _, block = EXCHANGES[node.op]
-    return block(x.type.size, node.type.size, node.attr("ranks")) * words_per_element(x.type.dtype)
+    return block(x.type.size, node.type.size, node.attr("ranks"))
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ class Bucket:
     sizes: tuple[int, ...]       # elements of each
     start_after: int             # the kernel after which it starts (-1: before the first kernel)
     wait_at: int                 # the kernel before which it is awaited: its first all_reduce kernel
-    dtype: str = "float32"       # of every member (SUM_TYPES)
+    dtype: str = "float32"       # of every member (COMM_TYPES)
 
     def offset(self, member: int) -> int:
         """Where `member`'s sums start in the bucket, in elements."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flowc.compiler.codegen.batch_norm import CPU_LOWERINGS as BATCH_NORM_LOWERINGS, CppBatchNorm
-from flowc.compiler.codegen.collectives import EXCHANGES, SUM_TYPES, Bucket, exchange_words, plan_buckets
+from flowc.compiler.codegen.collectives import COMM_TYPES, EXCHANGES, Bucket, exchange_count, plan_buckets
 from flowc.compiler.codegen.common import (KernelGenerator, LabelCheck, Lowering, Params, coalesce,
                                            describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
@@ -375,7 +375,7 @@ class CommCalls:
         grads = ", ".join(str(self.gen.pointer(self.gen.graph.node(m).inputs[0])) for m in b.members)
         sizes = ", ".join(str(n) for n in b.sizes)
         return (f" {{ const void* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
-                f" if (int e = comm->start(comm->ctx, {b.index}, {len(b.members)}, g, n, {SUM_TYPES[b.dtype]}))"
+                f" if (int e = comm->start(comm->ctx, {b.index}, {len(b.members)}, g, n, {COMM_TYPES[b.dtype]}))"
                 f" return e; }}")
 
     def before_first(self) -> str:
@@ -407,9 +407,7 @@ class CommCalls:
     def _exchange(self, index: int, k: Kernel, node) -> CodeText:
         kind = EXCHANGES[node.op][0]
         x = self.gen.graph.node(node.inputs[0])
-        count = exchange_words(node, x)
-        # the engine moves 4-byte words whatever the dtype (an int64 index is two)
-        src = f"reinterpret_cast<const float*>({self.gen.pointer(x.id)})"
-        dst = f"reinterpret_cast<float*>({self.gen.pointer(node.id)})"
-        return code(f"{self.before_first()}if (int e = comm->exchange(comm->ctx, {kind}, {src}, {dst}, {count})) "
-                    f"return e;{self.after(index)}  // {c_identifier(k.name)}")
+        count, dtype = exchange_count(node, x), COMM_TYPES[x.type.dtype]
+        src, dst = self.gen.pointer(x.id), self.gen.pointer(node.id)
+        return code(f"{self.before_first()}if (int e = comm->exchange(comm->ctx, {kind}, {src}, {dst}, {count}, "
+                    f"{dtype})) return e;{self.after(index)}  // {c_identifier(k.name)}")

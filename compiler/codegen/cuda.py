@@ -31,7 +31,7 @@ from flowc.compiler.codegen.batch_norm import CUDA_LOWERINGS as BATCH_NORM_LOWER
 from flowc.compiler.codegen.common import (GenerateOptions, KernelGenerator, LabelCheck, Lowering, Params,
                                            coalesce, describe_binding, gemm_offset, literal, matmul_geometry,
                                            reduction_extents, term)
-from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, exchange_words, plan_buckets
+from flowc.compiler.codegen.collectives import EXCHANGES, Bucket, exchange_count, plan_buckets
 from flowc.compiler.codegen.cuda_host import CommCall, Fetch, host_step
 from flowc.compiler.codegen.dedup import KernelTable
 from flowc.compiler.codegen.indexing import CUDA_LOWERINGS as INDEXING_LOWERINGS, CudaIndexing
@@ -363,9 +363,8 @@ class CudaGenerator(CudaIndexing, CudaFusedRows, CudaBatchNorm, KernelGenerator)
         if node.op in EXCHANGES:
             number = EXCHANGES[node.op][1]
             x = self.graph.node(node.inputs[0])
-            count = exchange_words(node, x)         # 4-byte words: an int64 index is two
             self._comm_calls.append(CommCall(-1, "exchange", args=(self.binding(x.id), self.binding(node.id)),
-                                             sizes=(number, count)))
+                                             sizes=(number, exchange_count(node, x)), dtype=x.type.dtype))
             return None, []
         b = self._bucket_of[node.id]
         scale = float(node.attr("scale"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowc.compiler import settings
-from flowc.compiler.codegen.collectives import SUM_TYPES
+from flowc.compiler.codegen.collectives import COMM_TYPES
 from flowc.compiler.codegen.common import describe_binding
 from flowc.compiler.codegen.sanitise import CodeText, c_identifier, code, code_format
 
@@ -39,7 +39,7 @@ class CommCall:
     after the last one).  `op` "start": sum bucket `bucket`, whose gradients are `args` (their
     bindings) of `sizes` values of type `dtype`; "wait": the stream waits for bucket `bucket`'s
     sums; "exchange": `args` = (in, out), `sizes` = (kind, count) (flowc_cuda_comm.h's
-    FLOWC_COMM_ALL_GATHER ...)."""
+    FLOWC_COMM_ALL_GATHER ...), of values of type `dtype`."""
     at: int
     op: str
     bucket: int = -1
@@ -80,16 +80,17 @@ def comm_text(call: CommCall, table: list[tuple]) -> CodeText:
     if call.op == "start":
         grads = ", ".join(f"static_cast<const void*>({address(b, table)})" for b in call.args)
         sizes = ", ".join(str(int(n)) for n in call.sizes)
-        start = f"comm->start(comm->ctx, {int(call.bucket)}, {len(call.args)}, g, n, {SUM_TYPES[call.dtype]}, s)"
+        start = f"comm->start(comm->ctx, {int(call.bucket)}, {len(call.args)}, g, n, {COMM_TYPES[call.dtype]}, s)"
         return code(f"{{ const void* g[] = {{{grads}}}; static const int64_t n[] = {{{sizes}}};"
                     f" if ((err = {start})) return err; }}")
     if call.op == "wait":
         return code(f"if ((err = comm->wait(comm->ctx, {int(call.bucket)}, s))) return err;")
     assert call.op == "exchange", call
     (src, dst), (kind, count) = call.args, call.sizes
-    src_text = f"reinterpret_cast<const float*>({address(src, table)})"
-    dst_text = f"reinterpret_cast<float*>({address(dst, table)})"
-    exchange = f"comm->exchange(comm->ctx, {int(kind)}, {src_text}, {dst_text}, {int(count)}, s)"
+    src_text = f"static_cast<const void*>({address(src, table)})"
+    dst_text = f"static_cast<void*>({address(dst, table)})"
+    dtype = COMM_TYPES[call.dtype]
+    exchange = f"comm->exchange(comm->ctx, {int(kind)}, {src_text}, {dst_text}, {int(count)}, {dtype}, s)"
     return code(f"if ((err = {exchange})) return err;")
 
 

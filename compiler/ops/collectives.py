@@ -13,12 +13,10 @@ compiler/passes/data_parallel.py inserts them where a value's layout over the ra
   result came from rank s.  With reshapes and transposes around it, it turns a value split by
   rows into one split by columns and back (a model-parallel layer's activations).
 
-An all_reduce sums float32, float64, int32 or int64 values, each in its own type (a float64
-model's gradients; an integer count over the batch that the step reads on), as OneFlow does; an
-integer is never scaled.  reduce_scatter, which only model parallelism uses, sums float32 values.
-all_gather and all_to_all only move values, so they also take int32, int64 and float64 ones, which
-the engines move as 4-byte words (a sparse update gathers the batch's indices:
-compiler/passes/data_parallel.py).  The MPI or NCCL
+Every collective takes float32, float64, int32 or int64 values and moves or sums them in their own
+type (a float64 model's gradients and model-parallel layers; an integer count over the batch that
+the step reads on; a sparse update's int64 indices, compiler/passes/data_parallel.py), as OneFlow
+does; an integer sum is never scaled.  The MPI or NCCL
 engine does the work.  The NumPy reference
 executor runs one process and has no other ranks: it refuses them (tests compare a distributed run
 with the single-process run of the same global batch, or run the ranks' graphs in lock-step:
@@ -30,26 +28,15 @@ from flowc.compiler.ir import TensorType
 from flowc.compiler.ops import OpRule, ShapeError, register
 
 
-# The dtypes each collective takes: the sums add values of their own type; the moves copy words.
-ALLOWED_DTYPES = {
-    "all_reduce": ("float32", "float64", "int32", "int64"),
-    "reduce_scatter": ("float32",),
-    "all_gather": ("float32", "int32", "int64", "float64"),
-    "all_to_all": ("float32", "int32", "int64", "float64"),
-}
+# The dtypes the engines move and sum (compiler/codegen/collectives.py COMM_TYPES names their codes).
+COMM_DTYPES = ("float32", "float64", "int32", "int64")
 _MOVES = ("all_gather", "all_to_all")
 
 
-def words_per_element(dtype: str) -> int:
-    """4-byte words per element of a value an exchange moves (the engines count in float32 words)."""
-    return 2 if dtype in ("int64", "float64") else 1
-
-
 def _checked(op: str, x: TensorType, attrs: dict) -> int:
-    allowed = ALLOWED_DTYPES[op]
-    if x.dtype not in allowed:
+    if x.dtype not in COMM_DTYPES:
         what = "moves" if op in _MOVES else "sums"
-        raise ShapeError(f"{op}: flowc {what} {' or '.join(allowed)} values between ranks, got {x.dtype}")
+        raise ShapeError(f"{op}: flowc {what} {' or '.join(COMM_DTYPES)} values between ranks, got {x.dtype}")
     ranks = attrs["ranks"]
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ShapeError(f"{op}: ranks must be an int >= 2, got {ranks!r}")

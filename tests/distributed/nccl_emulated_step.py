@@ -8,7 +8,8 @@ hidden layer, whose gradients are summed in buckets, and a model-parallel output
 all_gather, reduce_scatter and all_to_all; NET "bn": tests/test_synced_batch_norm.py's convolution
 with batch norm, whose statistics are all-gathered in the forward pass; NET "wide":
 tests/test_data_parallel_pass.py's float64 layer under a float32 one, with an int32 count over the
-batch, whose sums fill buckets of three types) as one of the ranks, renders
+batch, whose sums fill buckets of three types; NET "double": the hybrid MLP in float64, whose
+exchanges move and sum float64 values) as one of the ranks, renders
 the CUDA step with its host step, and runs STEPS steps of it on its share of each global batch. Rank
 0 checks that the losses and every variable (the split ones put back together) equal the logical
 job's NumPy reference on the whole batches, that every rank's whole variables are bit-equal, and
@@ -37,11 +38,12 @@ from tests.nccl_emulated import engine_library, fake_nccl
 from tests.test_cuda_codegen import render
 from tests.test_cuda_host_step import STEP_CDEF
 from tests.test_data_parallel_pass import wide_net
-from tests.test_model_parallel_pass import batch, hybrid_mlp, on_ranks, train_job_of
+from tests.test_model_parallel_pass import batch, double_hybrid_mlp, hybrid_mlp, on_ranks, train_job_of
 from tests.test_synced_batch_norm import bn_net
 
 OPTIMIZER, STEPS = sys.argv[1], int(sys.argv[2])
-NET = {"hybrid": hybrid_mlp, "bn": bn_net, "wide": wide_net}[sys.argv[3] if len(sys.argv) > 3 else "hybrid"]
+NET = {"hybrid": hybrid_mlp, "bn": bn_net, "wide": wide_net,
+       "double": double_hybrid_mlp}[sys.argv[3] if len(sys.argv) > 3 else "hybrid"]
 comm = MPI.COMM_WORLD
 rank, ranks = comm.Get_rank(), comm.Get_size()
 STREAM = 0x5EED0
@@ -152,9 +154,13 @@ for name in local.assigns:
 log = logs[-1]
 calls = [line.split()[0] + (" " + line.split()[1] if line.startswith("nccl") else "") for line in log]
 assert "nccl AllReduce" in calls, calls
-if NET is hybrid_mlp:
+if NET in (hybrid_mlp, double_hybrid_mlp):
     assert "nccl AllGather" in calls and "nccl ReduceScatter" in calls, calls
     assert "nccl GroupEnd" in calls, calls                 # the all_to_all: sends and receives in one group
+    if NET is double_hybrid_mlp:   # each exchange in its type ("nccl KIND TYPE COUNT", tests/fake_nccl.c)
+        kinds = {tuple(line.split()[1:3]) for line in log if line.startswith(("nccl AllGather", "nccl Send",
+                                                                              "nccl ReduceScatter"))}
+        assert {("AllGather", "float64"), ("ReduceScatter", "float64"), ("Send", "float64")} <= kinds, kinds
 elif NET is bn_net:       # each layer's statistics gathered in the forward pass, before the first sum
     assert calls.index("nccl AllGather") < calls.index("nccl AllReduce"), calls
 else:                     # a bucket of each type, in its own type (tests/fake_nccl.c logs the NCCL type)

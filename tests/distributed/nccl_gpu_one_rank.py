@@ -52,7 +52,7 @@ try:
         np.testing.assert_array_equal(sums, value)
     for kind in (1, 2, 3):          # all_gather, reduce_scatter, all_to_all: on one rank, copies
         cuda.memset_d32(dout, 0, 10)
-        assert table.exchange(table.ctx, kind, floats(da, True), floats(dout), 10, s) == 0, engine.error()
+        assert table.exchange(table.ctx, kind, floats(da, True), floats(dout), 10, 0, s) == 0, engine.error()
         assert table.settle(table.ctx, s) == 0, engine.error()
         got = np.empty(10, np.float32)
         cuda.memcpy_dtoh(got, dout)

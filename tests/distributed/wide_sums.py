@@ -1,5 +1,6 @@
 """A consistent-view test program whose sums over the ranks are not all float32: a float64 model
-(`double_job`, whose variables match one process's to float64 precision), a float64 layer feeding a
+(`double_job`, whose output layer is split over the ranks, model parallelism: its exchanges move
+and sum float64 values; its variables match one process's to float64 precision), a float64 layer feeding a
 float32 one (`mixed_job`: its gradients fill float64 and float32 buckets), a loss weighted by an
 int32 count over the whole batch that the step reads on, and an int64 sum over the batch taken
 modulo 7.
@@ -23,10 +24,11 @@ BATCH = 8
 
 @flow.global_function(type="train")
 def double_job(x: tp.Numpy.Placeholder((BATCH, 5), dtype=flow.float64),
-               y: tp.Numpy.Placeholder((BATCH, 2), dtype=flow.float64)) -> tp.Numpy:
+               y: tp.Numpy.Placeholder((BATCH, 4), dtype=flow.float64)) -> tp.Numpy:
     init = flow.random_normal_initializer(stddev=0.3)
     hidden = flow.layers.dense(x, 6, activation=flow.math.tanh, kernel_initializer=init, name="double_hidden")
-    guess = flow.layers.dense(hidden, 2, kernel_initializer=init, name="double_out")
+    guess = flow.layers.dense(hidden, 4, kernel_initializer=init, name="double_out",
+                              model_distribute=flow.distribute.split(0))
     loss = flow.math.reduce_mean(flow.math.square(guess - y))
     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
     return loss
@@ -55,7 +57,7 @@ for _ in range(4):
     x = rng.standard_normal((BATCH, 5))
     y = rng.integers(0, 3, BATCH).astype(np.int32)
     total, count, checksum = mixed_job(x, y)
-    loss = double_job(x, rng.standard_normal((BATCH, 2)))
+    loss = double_job(x, rng.standard_normal((BATCH, 4)))
     results.append([float(total), int(count), int(checksum), float(loss)])
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
 np.savez(OUT, results=np.array(results, dtype=np.float64), **{f"var:{k}": v for k, v in values.items()})
