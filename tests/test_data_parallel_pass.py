@@ -543,3 +543,34 @@ def test_float64_and_integer_sums_train_on_simulated_ranks_as_the_logical_job(op
     from tests.test_model_parallel_pass import batch, check_equal, train_job_of as hybrid_train_job_of
     local, _ = check_equal(lambda: hybrid_train_job_of(wide_net, optimizer), batch(2))
     assert {n.type.dtype for n in all_reduces(local)} == {"float32", "float64", "int32"}
+
+
+def test_a_float16_models_gradients_are_summed_in_float32():
+    """float16 values are computed in float32 (compiler/passes/float16.py): their sums over the ranks
+    too, cast around the all_reduce, and the step trains as the logical job to float16 precision."""
+    from tests.rank_simulator import run_ranks
+    from tests.test_model_parallel_pass import logical_and_ranks, scalars_for
+    from flowc.compiler.reference import run_reference
+
+    def make_job():
+        @flow.global_function(type="train")
+        def half_job(x: tp.Numpy.Placeholder((B, 6), dtype=flow.float16)) -> tp.Numpy:
+            h = flow.layers.dense(x, 4, activation=flow.math.tanh, name="h",
+                                  kernel_initializer=flow.random_normal_initializer(stddev=0.5))
+            loss = flow.math.reduce_mean(flow.cast(flow.math.square(h), flow.float))
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5]), momentum=0.9).minimize(loss)
+            return loss
+        return half_job
+    logical, values, local, distribution = logical_and_ranks(make_job)
+    sums = all_reduces(local)
+    assert sums and all(n.type.dtype == "float32" and local.node(n.inputs[0]).op == "cast" for n in sums)
+    x = np.random.default_rng(0).standard_normal((B, 6)).astype(np.float16)
+    want, want_assigns = run_reference(logical, [x], values, scalars_for(logical))
+    got, got_assigns = run_ranks(local, distribution, 2, [x], values, scalars_for(local))
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-3)
+    for var in want_assigns:
+        assert got_assigns[var].dtype == np.float16
+        np.testing.assert_allclose(got_assigns[var], want_assigns[var], rtol=2e-3, atol=2e-3, err_msg=var)
+        assert not np.array_equal(want_assigns[var], values[var]), var
+    on_ranks(2)
+    assert "comm->start(" in make_job().compile().source()       # the rank's step compiles

@@ -122,21 +122,13 @@ def test_two_emulated_gpus_train_the_hybrid_mlp_as_the_logical_job(optimizer):
 
 @needs_gxx
 @needs_mpi
-def test_two_emulated_gpus_exchange_float64_values_of_a_float64_model_parallel_layer():
-    """ncclAllGather, ncclReduceScatter and the all-to-all's sends in ncclFloat64 (nccl_emulated_step.py
-    checks the types NCCL was given); the step trains as the logical job."""
-    proc = _run_ranks("momentum", "2", "double")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok: 2 steps on 2 ranks") == 1, proc.stdout
-
-
-@needs_gxx
-@needs_mpi
-def test_two_emulated_gpus_sum_float64_and_int32_buckets_in_their_own_types():
-    """NCCL sums each bucket in its type (ncclFloat64, ncclInt32): the float64 layer, the float32 one
-    and the int32 count over the batch train as the logical job (nccl_emulated_step.py checks the
-    types NCCL was given)."""
-    proc = _run_ranks("adam", "2", "wide")
+@pytest.mark.parametrize("optimizer, net", [("adam", "wide"), ("momentum", "double")])
+def test_two_emulated_gpus_sum_and_exchange_values_in_their_own_types(optimizer, net):
+    """"wide": NCCL sums each bucket in its type (ncclFloat64, ncclInt32: a float64 layer, a float32
+    one and an int32 count over the batch); "double": a float64 model-parallel layer's ncclAllGather,
+    ncclReduceScatter and all-to-all sends in ncclFloat64.  nccl_emulated_step.py checks the types
+    NCCL was given, and that the steps train as the logical job."""
+    proc = _run_ranks(optimizer, "2", net)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok: 2 steps on 2 ranks") == 1, proc.stdout
 

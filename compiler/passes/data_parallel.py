@@ -479,10 +479,17 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
 
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
+            node = graph.node(i)
             attrs = {"ranks": ranks, "scale": scale, "bucket_bytes": bucket_bytes}
+
+            def add(op: str, inputs: list, attrs: dict) -> int:
+                return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
             try:
-                reduced[i] = builder.add("all_reduce", [new_id[i]], attrs, loc=graph.node(i).loc, role=where.role,
-                                         device=graph.node(i).type.device)
+                if node.type.dtype == "float16":    # summed in float32, as flowc computes float16 values
+                    total = add("all_reduce", [add("cast", [new_id[i]], {"dtype": "float32"})], attrs)
+                    reduced[i] = add("cast", [total], {"dtype": "float16"})
+                else:
+                    reduced[i] = add("all_reduce", [new_id[i]], attrs)
             except ShapeError as err:
                 raise _error(where, f"it reads a sum over the ranks that flowc cannot make ({err})") from None
         return reduced[i]
