@@ -574,3 +574,44 @@ def test_a_float16_models_gradients_are_summed_in_float32():
         assert not np.array_equal(want_assigns[var], values[var]), var
     on_ranks(2)
     assert "comm->start(" in make_job().compile().source()       # the rank's step compiles
+
+
+@pytest.mark.parametrize("net", ["sparse", "model_parallel"])
+def test_a_float16_models_exchanges_move_float32_values(net):
+    """A float16 table's sparse update gathers its rows, and a float16 model-parallel layer exchanges
+    its activations, in float32 (cast around each exchange); both train as the logical job to float16
+    precision on simulated ranks."""
+    from tests.rank_simulator import run_ranks
+    from tests.test_model_parallel_pass import logical_and_ranks, scalars_for
+    from flowc.compiler.reference import run_reference
+
+    def make_job():
+        config = flow.function_config()
+        config.indexed_slices_optimizer_conf(dict(include_op_names=dict(op_name=["table"])))
+
+        @flow.global_function(type="train", function_config=config)
+        def half_job(ids: tp.Numpy.Placeholder((B, 2), dtype=flow.int32),
+                     x: tp.Numpy.Placeholder((B, 6), dtype=flow.float16)) -> tp.Numpy:
+            init = flow.random_normal_initializer(stddev=0.5)
+            if net == "sparse":
+                table = flow.get_variable("table", shape=(20, 3), dtype=flow.float16, initializer=init)
+                features = flow.reshape(flow.gather(table, ids), [B, 6]) + x
+            else:
+                features = flow.layers.dense(x, 6, activation=flow.math.tanh, kernel_initializer=init, name="split",
+                                             model_distribute=flow.distribute.split(0))
+            h = flow.layers.dense(features, 4, activation=flow.math.tanh, kernel_initializer=init, name="h")
+            loss = flow.math.reduce_mean(flow.cast(flow.math.square(h), flow.float))
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5]), momentum=0.9).minimize(loss)
+            return loss
+        return half_job
+    logical, values, local, distribution = logical_and_ranks(make_job)
+    exchanges = [n for n in local.nodes if n.op in ("all_gather", "all_to_all", "reduce_scatter")]
+    assert exchanges and all(n.type.dtype in ("float32", "int32") for n in exchanges)
+    rng = np.random.default_rng(1)
+    inputs = [rng.integers(0, 20, (B, 2)).astype(np.int32), rng.standard_normal((B, 6)).astype(np.float16)]
+    want, want_assigns = run_reference(logical, inputs, {k: v.copy() for k, v in values.items()}, scalars_for(logical))
+    got, got_assigns = run_ranks(local, distribution, 2, inputs, {k: v.copy() for k, v in values.items()},
+                                 scalars_for(local))
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-3)
+    for var in want_assigns:
+        np.testing.assert_allclose(got_assigns[var], want_assigns[var], rtol=2e-3, atol=2e-3, err_msg=var)

@@ -497,22 +497,22 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     def changed(i: int, target: str, where: Node) -> int:
         if (i, target) not in boxed:
             node = graph.node(i)
-            if not split.even and (layout[i], target) in BALANCED_BOXING:     # the batch's rows, in padded blocks
-                def add(op: str, inputs: list, attrs: dict) -> int:
-                    return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
-                try:
-                    boxed[i, target] = BALANCED_BOXING[layout[i], target](add, new_id[i], split, node.type.shape,
-                                                                           node.type.dtype, rank)
-                except ShapeError as err:
-                    raise _error(where, f"it reads a {layout[i]} value as {target}, which flowc cannot make "
-                                        f"({err})") from None
-                return boxed[i, target]
+
+            def add(op: str, inputs: list, attrs: dict) -> int:
+                return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
+            value, dtype = new_id[i], node.type.dtype
+            if dtype == "float16":          # moved in float32, as flowc computes float16 values
+                value, dtype = add("cast", [value], {"dtype": "float32"}), "float32"
             try:
-                boxed[i, target] = model_parallel.box(builder, new_id[i], layout[i], target, ranks, node.type.shape,
-                                                      loc=node.loc, role=where.role, device=node.type.device)
+                if not split.even and (layout[i], target) in BALANCED_BOXING:     # the batch's rows, in padded blocks
+                    moved = BALANCED_BOXING[layout[i], target](add, value, split, node.type.shape, dtype, rank)
+                else:
+                    moved = model_parallel.box(builder, value, layout[i], target, ranks, node.type.shape,
+                                               loc=node.loc, role=where.role, device=node.type.device)
             except ShapeError as err:
                 raise _error(where, f"it reads a {layout[i]} value as {target}, which flowc cannot make "
                                     f"({err})") from None
+            boxed[i, target] = add("cast", [moved], {"dtype": "float16"}) if dtype != node.type.dtype else moved
         return boxed[i, target]
 
     def operand(i: int, n: Node) -> int:
