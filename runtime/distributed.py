@@ -411,12 +411,15 @@ class DistributedStep(LoadedStep):
         # the job's name and which job function of that name it is (0: the first defined)
         self.inner, self.cluster, self.job_name, self.ordinal = inner, cluster, job_name, ordinal
         self.compiled, self.graph, self.session, self.slots = inner.compiled, inner.graph, inner.session, inner.slots
-        self.distribution = traced.distribution
         self.layouts = traced.distribution.outputs
         self.mirrored = traced.distribution.mirrored
         # what every rank must have traced alike (the ranks' graphs differ where the batch does not divide)
         self.logical = traced.distribution.logical or self.graph
         self.split = traced.distribution.split or BatchSplit(cluster.ranks)
+        # each rank's results: their shapes and dtypes (an uneven batch's shares differ from this rank's)
+        self.result_types = [[(self.graph.node(o).type.shape if self.split.even else
+                               traced.distribution.output_shape(i, rank), numpy_dtype(self.graph.node(o).type.dtype))
+                              for i, o in enumerate(self.graph.outputs)] for rank in range(cluster.ranks)]
         # the split variables this job updates, and the variables it reads whole
         self.sharded_writes = set(traced.distribution.sharded) & set(self.graph.assigns)
         self.whole_reads = set(self.graph.variables) - set(traced.distribution.sharded)
@@ -539,12 +542,7 @@ class DistributedStep(LoadedStep):
             if status == "error":
                 failed.append(f"rank {rank}: {text}")
                 continue
-            if self.split.even:
-                outputs = _buffers(self.graph, self.graph.outputs)
-            else:                   # its shares' shapes, not this rank's
-                outputs = [np.empty(self.distribution.output_shape(i, rank),
-                                    dtype=numpy_dtype(self.graph.node(o).type.dtype))
-                           for i, o in enumerate(self.graph.outputs)]
+            outputs = [np.empty(shape, dtype=dtype) for shape, dtype in self.result_types[rank]]
             for buffer in outputs:
                 cluster.control.Recv(buffer, source=rank, tag=DATA_TAG)
             per_rank.append(outputs)

@@ -477,42 +477,43 @@ def distribute(graph: Graph, ranks: int, bucket_bytes: int, mirrored: bool = Fal
     reduced: dict[int, int] = {}          # original operand -> its all_reduce (one per value)
     boxed: dict[tuple[int, str], int] = {}   # (original operand, layout) -> its exchange (one per pair)
 
+    def at(node: Node, where: Node):
+        """Adds nodes to the ranks' graph at `node`'s line and device, in `where`'s role."""
+        return lambda op, inputs, attrs: builder.add(op, inputs, attrs, loc=node.loc, role=where.role,
+                                                     device=node.type.device)
+
+    def in_float32(add, value: int, dtype: str, collective) -> int:
+        """`collective(value, dtype)`; a float16 value goes through it as float32, as flowc computes
+        float16 values (no engine moves or sums float16)."""
+        if dtype != "float16":
+            return collective(value, dtype)
+        return add("cast", [collective(add("cast", [value], {"dtype": "float32"}), "float32")], {"dtype": "float16"})
+
     def summed(i: int, where: Node) -> int:
         if i not in reduced:
-            node = graph.node(i)
+            node, add = graph.node(i), at(graph.node(i), where)
             attrs = {"ranks": ranks, "scale": scale, "bucket_bytes": bucket_bytes}
-
-            def add(op: str, inputs: list, attrs: dict) -> int:
-                return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
             try:
-                if node.type.dtype == "float16":    # summed in float32, as flowc computes float16 values
-                    total = add("all_reduce", [add("cast", [new_id[i]], {"dtype": "float32"})], attrs)
-                    reduced[i] = add("cast", [total], {"dtype": "float16"})
-                else:
-                    reduced[i] = add("all_reduce", [new_id[i]], attrs)
+                reduced[i] = in_float32(add, new_id[i], node.type.dtype,
+                                        lambda value, dtype: add("all_reduce", [value], attrs))
             except ShapeError as err:
                 raise _error(where, f"it reads a sum over the ranks that flowc cannot make ({err})") from None
         return reduced[i]
 
     def changed(i: int, target: str, where: Node) -> int:
         if (i, target) not in boxed:
-            node = graph.node(i)
+            node, add = graph.node(i), at(graph.node(i), where)
 
-            def add(op: str, inputs: list, attrs: dict) -> int:
-                return builder.add(op, inputs, attrs, loc=node.loc, role=where.role, device=node.type.device)
-            value, dtype = new_id[i], node.type.dtype
-            if dtype == "float16":          # moved in float32, as flowc computes float16 values
-                value, dtype = add("cast", [value], {"dtype": "float32"}), "float32"
-            try:
+            def move(value: int, dtype: str) -> int:
                 if not split.even and (layout[i], target) in BALANCED_BOXING:     # the batch's rows, in padded blocks
-                    moved = BALANCED_BOXING[layout[i], target](add, value, split, node.type.shape, dtype, rank)
-                else:
-                    moved = model_parallel.box(builder, value, layout[i], target, ranks, node.type.shape,
-                                               loc=node.loc, role=where.role, device=node.type.device)
+                    return BALANCED_BOXING[layout[i], target](add, value, split, node.type.shape, dtype, rank)
+                return model_parallel.box(builder, value, layout[i], target, ranks, node.type.shape,
+                                          loc=node.loc, role=where.role, device=node.type.device)
+            try:
+                boxed[i, target] = in_float32(add, new_id[i], node.type.dtype, move)
             except ShapeError as err:
                 raise _error(where, f"it reads a {layout[i]} value as {target}, which flowc cannot make "
                                     f"({err})") from None
-            boxed[i, target] = add("cast", [moved], {"dtype": "float16"}) if dtype != node.type.dtype else moved
         return boxed[i, target]
 
     def operand(i: int, n: Node) -> int:
