@@ -218,7 +218,7 @@ def test_a_child_forked_inside_a_callback_syncs_its_own_calls():
             out = []
             job(X)(lambda v: out.append("child callback"))
             flow.sync_default_session()        # the child runs no callback: no refusal
-            print("child:", out, flush=True)
+            print(f"child: {out}", flush=True)
             os._exit(0)
         os.waitpid(pid, 0)
     job(X)(cb)
@@ -238,7 +238,7 @@ def test_a_callback_registered_in_a_child_on_a_parents_call_is_refused():
         try:
             registrar(lambda v: print("ran in the child", flush=True))
         except RuntimeError as err:
-            print("child refused:", err, flush=True)
+            print(f"child refused: {err}", flush=True)     # one write: the parent prints meanwhile
         os._exit(0)
     registrar(lambda v: print("parent callback", flush=True))
     os.waitpid(pid, 0)
