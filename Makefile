@@ -24,17 +24,17 @@ lint: venv
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
 
-# The whole suite (3-4 minutes on 2 cores): the test command the README gives.
+# The whole suite (11 to 14 minutes on 2 cores of the CI's kind): the test command the README gives.
 test: venv
 	$(VPY) -m pytest -q tests
 
-# The edit loop (under a minute on 2 cores): everything but the tests marked `slow` (training runs,
+# The edit loop (about 4 minutes on 2 cores): everything but the tests marked `slow` (training runs,
 # subprocesses, nvcc / emulator / wheel builds) or `gpu` (tests/test_cuda_device.py).  It keeps every
 # op against the reference, every gradient against finite differences, the golden generated code and
 # single train steps through the compiled C++.  No -x: a change that breaks several ops should show
 # them all; `make test-fast PYTEST_ARGS=-x` stops at the first failure instead.  Every run compiles
 # into a fresh cache; FLOWC_TEST_CACHE_DIR=~/.cache/flowc-tests make test-fast keeps one warm across
-# runs (see tests/conftest.py), which takes an unchanged tree from about 32 s to about 12 s.
+# runs (see tests/conftest.py), so an unchanged tree skips the compiles of the run before.
 test-fast: venv
 	$(VPY) -m pytest -q -m "not slow and not gpu" tests $(PYTEST_ARGS)
 
