@@ -44,11 +44,19 @@ negative = _unary("negative", "flow.math.negative")
 relu = _unary("relu", "flow.math.relu")
 
 
+def _at_least_1d(value: Blob, api: str) -> Blob:
+    """OneFlow 0.3 has no 0-d blobs: a reduction over every axis gives shape (1,) (its Shape::RemoveOnes
+    keeps one axis), so programs index it (`loss[0]`) and concatenate such results."""
+    if value.shape:
+        return value
+    return emit("reshape", [value], {"shape": (1,)}, api=api)
+
+
 def _reduce(op: str, api: str, argument: str, x, axis, keepdims: bool, name: str | None) -> Blob:
     x, ax = _reduce_args(x, axis, api, argument)
     if not ax:
         return x
-    return emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api)
+    return _at_least_1d(emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api), api)
 
 
 def _reduction(op: str, api: str):
@@ -236,7 +244,7 @@ def _keep_or_drop(value: Blob, x: Blob, ax: tuple[int, ...], keepdims: bool, nam
     """A keepdims=True reduction result, reshaped to drop the reduced axes unless keepdims."""
     if keepdims:
         return value
-    shape = tuple(d for i, d in enumerate(x.shape) if i not in ax)
+    shape = tuple(d for i, d in enumerate(x.shape) if i not in ax) or (1,)     # (1,): as _at_least_1d
     return emit("reshape", [value], {"shape": shape}, name=name or "", api=api)
 
 
@@ -246,7 +254,8 @@ def _any_all(op: str, api: str):
         nonzero = emit("not_equal", [blob, as_blob(0, blob, api)], api=api)
         if not ax:
             return nonzero
-        return emit(op, [nonzero], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api)
+        return _at_least_1d(emit(op, [nonzero], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api),
+                            api)
     fn.__name__ = api.rsplit(".", 1)[-1]
     fn.__doc__ = (f"`{api}(x, axis=None, keepdims=False)`: int8 1 where {'any' if op == 'reduce_max' else 'every'} "
                   f"element along `axis` is non-zero (NaN counts as non-zero, as in NumPy), else 0.\n\n"
@@ -268,7 +277,7 @@ def reduce_euclidean_norm(input_tensor, axis=None, keepdims: bool = False, name:
     x, ax = _reduce_args(input_tensor, axis, api)
     squares = emit("square", [x], api=api)
     total = emit("reduce_sum", [squares], {"axes": ax, "keepdims": bool(keepdims)}, api=api) if ax else squares
-    return emit("sqrt", [total], name=name or "", api=api)
+    return _at_least_1d(emit("sqrt", [total], name=name or "", api=api), api)
 
 
 def reduce_logsumexp(input_tensor, axis=None, keepdims: bool = False, name: str | None = None) -> Blob:

@@ -148,7 +148,7 @@ def test_pytorch_computes_flowcs_function_and_both_steps_run():
     np.testing.assert_allclose(ns, expected_ns, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         loss = net.train()(*[torch.from_numpy(a) for a in (*features, *targets)])
-    flowc_losses = [float(train(*features, *targets)) for _ in range(3)]
+    flowc_losses = [train(*features, *targets).item() for _ in range(3)]
     np.testing.assert_allclose(flowc_losses[0], float(loss), rtol=1e-4)        # the loss before the first update
     torch_losses = [float(build_train(TINY, features, targets, compiled=False, model=net)()) for _ in range(3)]
     assert np.isfinite(flowc_losses).all() and np.isfinite(torch_losses).all()

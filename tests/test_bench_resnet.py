@@ -55,7 +55,7 @@ def test_flowc_block_trains_and_predicts(jobs, data):
     flow.clear_default_session()
     train_job, predict_job = jobs
     images, labels = data
-    losses = [float(train_job(images, labels)) for _ in range(12)]
+    losses = [train_job(images, labels).item() for _ in range(12)]
     assert all(np.isfinite(losses))
     assert losses[-1] < 0.7 * losses[0], losses          # momentum SGD memorises one small batch
     logits = predict_job(images)
@@ -91,7 +91,7 @@ def test_pytorch_model_computes_the_same_function(jobs, data):
     model.train()                                         # batch statistics, as the train job uses
     with torch.no_grad():
         loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(images)), torch.from_numpy(labels).long())
-    np.testing.assert_allclose(float(train_job(images, labels)), float(loss), rtol=1e-4)
+    np.testing.assert_allclose(train_job(images, labels).item(), float(loss), rtol=1e-4)
     flow.clear_default_session()
 
 
@@ -118,7 +118,7 @@ def test_jax_model_computes_the_same_function(jobs, data):
     expected, new_stats = jax_jit.resnet_logits(params, stats, images, train=True)
     log_p = np.log(np.exp(expected - expected.max(1, keepdims=True)).sum(1)) + np.asarray(expected.max(1))
     loss = float(np.mean(log_p - np.asarray(expected)[np.arange(BATCH), labels]))
-    np.testing.assert_allclose(float(train_job(images, labels)), loss, rtol=1e-4)
+    np.testing.assert_allclose(train_job(images, labels).item(), loss, rtol=1e-4)
     np.testing.assert_allclose(value("conv1_bn-moving_mean"), np.asarray(new_stats["conv1_mean"]), rtol=1e-3,
                                atol=1e-5)
     flow.clear_default_session()

@@ -175,7 +175,7 @@ def test_pytorch_computes_flowcs_function_and_steps(shape):
     with torch.no_grad():          # batch statistics, label smoothing: the train job's loss before its update
         loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(images)), torch.from_numpy(labels).long(),
                                                  label_smoothing=shape.label_smoothing)
-    np.testing.assert_allclose(float(train(images, labels)), float(loss), rtol=1e-4)
+    np.testing.assert_allclose(train(images, labels).item(), float(loss), rtol=1e-4)
     flow.clear_default_session()
     # PyTorch's benchmark steps run and learn (the schedule's warmup starts at 0: the first step keeps the weights)
     step = build_train(shape, images, labels, compiled=False, model=net)

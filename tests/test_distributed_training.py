@@ -122,10 +122,10 @@ def test_bert_tiny_with_its_dropout_on_two_ranks_trains_as_one_process(tmp_path)
 
 def test_a_mirrored_job_on_two_ranks_trains_as_one_process_on_both_batches(tmp_path):
     # also: its tp.Numpy results, LocalBlobs and watched values join the ranks' arrays (as one process's
-    # on both batches), and a scalar on each rank is refused as a tp.Numpy result, naming tp.ListNumpy
+    # on both batches), and a full reduction, (1,) on each rank as in OneFlow, joins into one per rank
     one, two = one_and_two_ranks("mirrored", tmp_path)
     assert "smaller refused: True" not in one and "smaller refused: True" in two
-    assert "scalar refused: True" not in one and "scalar refused: True" in two
+    assert "means joined" not in one and "means joined: True" in two
 
 
 def test_maxima_minima_and_products_along_the_other_axes_train_as_one_process(tmp_path):

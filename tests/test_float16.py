@@ -127,7 +127,7 @@ def test_float16_variables_train_and_checkpoint(tmp_path):
         return loss
 
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(F16)
-    losses = [float(train(x)) for _ in range(5)]
+    losses = [train(x).item() for _ in range(5)]
     before = {name: flow.get_all_variables()[name].numpy().copy() for name in train.graph.variables}
     (want_loss,), updates = run_reference(train.graph, [x], before, {"learning_rate:float16": 0.05})
     assert_half_close(train(x), want_loss)                      # one more step against the reference

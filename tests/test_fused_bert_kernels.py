@@ -317,7 +317,7 @@ def test_auto_mixed_precision_treats_the_fused_ops_as_gray():
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)
         return loss
     x, m = _normal(4, 8), np.zeros((4, 4), np.float32)
-    losses = [float(amp_job(x, m)) for _ in range(4)]
+    losses = [amp_job(x, m).item() for _ in range(4)]
     assert losses[-1] < losses[0] and np.isfinite(losses).all()
     graph = amp_job._trace(default_session()).graph
     types = {n.op: n.type.dtype for n in graph.nodes}

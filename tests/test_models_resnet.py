@@ -61,7 +61,7 @@ def _step_against_reference(train, batch, rtol: float, atol: float) -> tuple[flo
     assert updates, "the train job assigns no variable"
     for name, value in updates.items():
         np.testing.assert_allclose(after[name], value, rtol=rtol, atol=atol, err_msg=name)
-    return float(got), after
+    return got.item(), after
 
 
 def _nhwc(name: str, value: np.ndarray) -> np.ndarray:
@@ -134,7 +134,7 @@ def test_one_step_equals_the_reference_executor(config):
 def test_loss_decreases():
     train, _ = resnet.make_jobs(TINY, total_steps=20, warmup_steps=2)
     batch = resnet.synthetic_batch(TINY, seed=2)
-    losses = [float(train(*batch)) for _ in range(12)]
+    losses = [train(*batch).item() for _ in range(12)]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.7 * losses[0], losses
 
@@ -162,7 +162,7 @@ def test_nhwc_equals_nchw_on_the_same_weights():
         train(images, labels)
     weights = {name: v.numpy() for name, v in flow.get_all_variables().items()}
     want_predict = predict(images, labels)
-    want_loss = float(train(images, labels))
+    want_loss = train(images, labels).item()
     want_after = {name: v.numpy() for name, v in flow.get_all_variables().items()}
     flow.clear_default_session()
 
@@ -172,7 +172,7 @@ def test_nhwc_equals_nchw_on_the_same_weights():
     images_nhwc = np.ascontiguousarray(images.transpose(0, 2, 3, 1))
     np.testing.assert_allclose(predict_nhwc(images_nhwc, labels), want_predict, rtol=1e-4, atol=1e-6)
     default_session().train_steps[train_nhwc.name] = 2         # the NCHW job's step 2, same learning rate
-    assert float(train_nhwc(images_nhwc, labels)) == pytest.approx(want_loss, rel=1e-4)
+    assert train_nhwc(images_nhwc, labels).item() == pytest.approx(want_loss, rel=1e-4)
     got_after = {name: v.numpy() for name, v in flow.get_all_variables().items()}
     for name, value in want_after.items():
         np.testing.assert_allclose(got_after[name], _nhwc(name, value), rtol=1e-3, atol=1e-5, err_msg=name)
@@ -217,7 +217,7 @@ def test_resnet18_trains_at_its_benchmark_size():
     config = resnet.CONFIGS["resnet18"]
     train, _ = resnet.make_jobs(config, total_steps=10, warmup_steps=1)
     batch = resnet.synthetic_batch(config, seed=6)
-    losses = [float(train(*batch)) for _ in range(6)]
+    losses = [train(*batch).item() for _ in range(6)]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[1], losses
 

@@ -61,7 +61,7 @@ def job() -> tp.Numpy:
 
 if __name__ == "__main__":
     means = init_job()
-    print("initializer means:", " ".join(f"{k}={m:.3f}" for k, m in zip(INITIALIZERS, means)))
+    print("initializer means:", " ".join(f"{k}={m.item():.3f}" for k, m in zip(INITIALIZERS, means)))
 
     images = np.random.default_rng(0).standard_normal((8, 3, 6, 6)).astype(np.float32)
     norms = []

@@ -74,6 +74,6 @@ if __name__ == "__main__":
     x = rng.standard_normal((BATCH, FEATURES)).astype(np.float32)
     y = (x @ rng.standard_normal((FEATURES, 1)) * 0.5).astype(np.float32)
     for title, job in JOBS.items():
-        losses = [float(job(x, y)) for _ in range(STEPS)]
+        losses = [job(x, y).item() for _ in range(STEPS)]      # a (1,) array, as in OneFlow
         print(f"{title}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    print(f"eval after training: loss {float(eval_job(x, y)):.4f}")
+    print(f"eval after training: loss {eval_job(x, y).item():.4f}")

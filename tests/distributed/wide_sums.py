@@ -58,7 +58,7 @@ for _ in range(4):
     y = rng.integers(0, 3, BATCH).astype(np.int32)
     total, count, checksum = mixed_job(x, y)
     loss = double_job(x, rng.standard_normal((BATCH, 4)))
-    results.append([float(total), int(count), int(checksum), float(loss)])
+    results.append([total.item(), count.item(), checksum.item(), loss.item()])
 values = {name: blob.numpy() for name, blob in flow.get_all_variables().items()}
 np.savez(OUT, results=np.array(results, dtype=np.float64), **{f"var:{k}": v for k, v in values.items()})
 print("wide_sums: done", flush=True)
