@@ -46,6 +46,7 @@ def build_job_graph(name: str, job_type: str, fn: Callable, placeholders: Sequen
     """
     ctx = TraceContext(name, job_type, session, default_dtype=config.default_dtype)
     ctx.logical_view = getattr(config, "logical_view", "consistent")
+    ctx.function_config = config
     if config.default_device is not None:      # function_config().default_placement_scope: the whole body
         ctx.device_stack = [config.default_device]
     code = fn.__code__

@@ -274,13 +274,12 @@ class NaturalExpScheduler(_RatioScheduler):
         return self.base_lr * math.exp(-self.decay_rate * self.ratio(step))
 
 
-class CustomScheduler(LrScheduler):
-    """`flow.optimizer.CustomScheduler(lbn)`: a learning rate read from a blob by its logical name;
-    flowc has no logical blob names, so it is not supported."""
-
-    def __init__(self, lbn: str) -> None:
-        raise NotImplementedError("flow.optimizer.CustomScheduler (a learning rate read from a blob by its "
-                                  "logical blob name) is not supported by flowc; use one of the schedulers")
+def _names(variables, where: str) -> list[str]:
+    """Variable names from a list of names (or of variable Blobs, whose op name is the variable's)."""
+    if isinstance(variables, str) or not hasattr(variables, "__iter__"):
+        raise TypeError(f"{where}: variables must be a list of variable names (or a callable returning one), "
+                        f"got {variables!r}")
+    return [v if isinstance(v, str) else str(getattr(v, "op_name", v)) for v in variables]
 
 
 def _as_scheduler(lr) -> LrScheduler:
@@ -602,7 +601,9 @@ class Optimizer:
             raise TypeError(f"{cls}: grad_clipping must be flow.optimizer.grad_clipping.by_global_norm(...), "
                             f"got {type(grad_clipping).__name__}")
         self.grad_clipping = grad_clipping
-        self.variables = None if variables is None else [str(v) for v in variables]
+        # names, or OneFlow's callable giving them, called when the job is traced (minimize)
+        self._variables = variables if variables is None or callable(variables) else _names(variables, cls)
+        self.variables: list[str] | None = None if callable(variables) else self._variables
         self.weight_decay = 0.0 if weight_decay is None else float(weight_decay)
         self.weight_decay_includes = _patterns(weight_decay_includes, cls, "weight_decay_includes")
         self.weight_decay_excludes = _patterns(weight_decay_excludes, cls, "weight_decay_excludes")
@@ -626,7 +627,23 @@ class Optimizer:
         if ctx.job_type != "train":
             raise TraceError(f"{loc}: optimizer.minimize() is only allowed in a job declared "
                              f"with @flow.global_function(type=\"train\"); {ctx.job_name!r} is {ctx.job_type!r}")
+        if callable(self._variables):
+            self.variables = _names(self._variables(), f"{loc}: optimizer.minimize: the variables callable")
         ctx.optimizers.append((self, combine_losses(losses, "optimizer.minimize", loc)))
+
+    def Variables(self) -> list[str]:  # noqa: N802 - OneFlow's name
+        """The names of the variables this optimizer updates: its `variables` (called if a callable),
+        else, as OneFlow's default, every variable of the job being traced.
+
+        Example:
+            names = optimizer.Variables()
+        """
+        if callable(self._variables):
+            return _names(self._variables(), "optimizer.Variables(): the variables callable")
+        if self._variables is not None:
+            return list(self._variables)
+        from flowc.compiler.trace import current
+        return sorted(current("optimizer.Variables() without a variables argument").variable_nodes)
 
     # -- what the build asks ----------------------------------------------------------
     def updates(self, var: str) -> bool:
@@ -835,15 +852,6 @@ class LARS(Optimizer):
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy, variables)
         self.momentum_beta = _check_beta("LARS", "momentum_beta", momentum_beta)
         self.epsilon, self.lars_coefficient = float(epsilon), float(lars_coefficient)
-
-
-class CombinedOptimizer(Optimizer):
-    """`flow.optimizer.CombinedOptimizer`: several optimizers over disjoint variables in one job;
-    not supported by flowc yet (one optimizer per job)."""
-
-    def __init__(self, optimizers, loss_scale_factor=None, train_step_lbn=None, loss_scale_policy=None) -> None:
-        raise NotImplementedError("flow.optimizer.CombinedOptimizer (several optimizers in one job) is not "
-                                  "supported by flowc; use one optimizer per train job")
 
 
 def from_model_update_conf(conf: dict, lr: float) -> Optimizer:

@@ -88,6 +88,7 @@ class TraceContext:
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
     watches: list[WatchSpec] = field(default_factory=list)  # flow.watch / flow.watch_diff, in call order
     namespaces: list[str] = field(default_factory=list)     # flow.scope.namespace, outermost first
+    function_config: Any = None      # the job's FunctionConfig (flow.current_global_function_desc reads it)
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
 
     @property
@@ -297,5 +298,8 @@ class Blob:
     def __ge__(self, o): return self._binary("greater_equal", o, ">=")
 
     def __bool__(self) -> bool:
+        # OneFlow's Blob has no __bool__, so there `if blob:` is always true, and `if loss > 0:` too:
+        # refused here, since the second is always a bug; the first is a None test, said below
         raise TraceError(f"{user_location()}: a Blob has no value while the job is traced, so it cannot "
-                         "be used in `if`/`while`; compute both branches or use flow ops")
+                         "be used in `if`/`while`; compute both branches or use flow ops (flow.where). "
+                         "To test whether a Blob was given, write `if blob is not None:`")

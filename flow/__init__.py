@@ -43,7 +43,8 @@ from flowc.runtime.job import FunctionConfig, global_function
 from flowc.runtime.session import clear_default_session
 from flow import deprecated, linalg, sbp
 from flow.math import in_top_k, unsorted_batch_segment_sum, unsorted_segment_sum, unsorted_segment_sum_like
-from flow.more_ops import argsort, device_prior_placement, dtypes, name_scope, range, smooth_l1_loss, sort
+from flow.more_ops import (argsort, current_global_function_desc, device_prior_placement, dtypes, name_scope,
+                           parallel_cast, range, smooth_l1_loss, sort)
 
 float = float32        # noqa: A001 - OneFlow's name
 double = float64
@@ -83,7 +84,7 @@ __all__ = [
     # more of OneFlow 0.3's names (flow/more_ops.py, flow/linalg.py, flow/sbp.py, flow/deprecated.py)
     "deprecated", "linalg", "sbp", "in_top_k", "unsorted_batch_segment_sum", "unsorted_segment_sum",
     "unsorted_segment_sum_like", "argsort", "device_prior_placement", "dtypes", "name_scope", "range",
-    "smooth_l1_loss", "sort",
+    "smooth_l1_loss", "sort", "parallel_cast", "current_global_function_desc",
 ]
 
 __version__ = "0.1.0"

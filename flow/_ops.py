@@ -38,7 +38,10 @@ def along_last_axis(x: Blob, axis: int, api: str, fn):
 
 
 def pair(value, api: str, arg: str) -> tuple[int, int]:
-    """An int or a pair of ints (OneFlow accepts both for kernel sizes, strides, dilations)."""
+    """An int or a pair of ints (OneFlow accepts both for kernel sizes, strides, dilations); None is 1,
+    as in OneFlow (MobileNetV3's pools pass strides=None)."""
+    if value is None:
+        return (1, 1)
     if isinstance(value, int):
         return (value, value)
     items = tuple(int(v) for v in value)
@@ -78,14 +81,29 @@ def spatial_pads(padding, size: tuple[int, int], kernel: tuple[int, int], stride
     if isinstance(padding, int):
         return (padding, padding, padding, padding)
     items = list(padding)
-    if len(items) == 4 and all(isinstance(p, (list, tuple)) for p in items):   # one pair per dimension
-        spatial = items[2:] if data_format.startswith("NC") else items[1:3]
-        return (int(spatial[0][0]), int(spatial[0][1]), int(spatial[1][0]), int(spatial[1][1]))
+    if len(items) == 4:       # one int or (before, after) pair per dimension of the layout, as OneFlow reads it
+        per_dim = [_before_after(p, padding, api) for p in items]
+        spatial = (2, 3) if data_format.startswith("NC") or data_format == "channels_first" else (1, 2)
+        if any(per_dim[d] != (0, 0) for d in range(4) if d not in spatial):
+            raise TraceError(f"{user_location()}: {api}: padding {padding!r} pads the batch or channel axis of "
+                             f"{data_format!r}: only the spatial axes can be padded")
+        (top, bottom), (left, right) = per_dim[spatial[0]], per_dim[spatial[1]]
+        return (top, bottom, left, right)
     if len(items) == 2 and all(isinstance(p, int) for p in items):
         return (items[0], items[0], items[1], items[1])
     if len(items) == 2 and all(isinstance(p, (list, tuple)) for p in items):
         return (int(items[0][0]), int(items[0][1]), int(items[1][0]), int(items[1][1]))
     raise TraceError(f"{user_location()}: {api}: cannot read padding {padding!r}")
+
+
+def _before_after(pad, padding, api: str) -> tuple[int, int]:
+    """One dimension's entry of an explicit padding: an int (both sides) or a (before, after) pair."""
+    if isinstance(pad, int):
+        return (pad, pad)
+    if isinstance(pad, (list, tuple)) and len(pad) == 2 and all(isinstance(p, int) for p in pad):
+        return (pad[0], pad[1])
+    raise TraceError(f"{user_location()}: {api}: cannot read padding {padding!r}: each entry must be an int or "
+                     f"a (before, after) pair, got {pad!r}")
 
 
 def to_nchw(x: Blob, data_format: str, api: str) -> Blob:

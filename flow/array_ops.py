@@ -47,8 +47,10 @@ def flatten(input, start_dim: int = 0, end_dim: int = -1, name: str | None = Non
     return reshape(x, list(x.shape[:start]) + [merged] + list(x.shape[end + 1:]), name)
 
 
-def transpose(a, perm=None, conjugate: bool = False, name: str | None = None) -> Blob:
-    """`flow.transpose(a, perm)`; without perm, reverse the axes.
+def transpose(a, perm=None, conjugate: bool = False, batch_axis_non_change: bool = False,
+              name: str | None = None) -> Blob:
+    """`flow.transpose(a, perm)`; without perm, reverse the axes.  `batch_axis_non_change` only told
+    OneFlow's batch-axis inference to keep axis 0 the batch axis: flowc infers layouts from the graph.
 
     Example:
         t = flow.transpose(x, perm=[0, 2, 1])
@@ -72,13 +74,18 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False, alpha: fl
     return out if alpha == 1.0 else out * float(alpha)
 
 
-def concat(inputs, axis: int = 0, max_dim_size=None, name: str | None = None) -> Blob:
+def concat(inputs=None, axis: int = 0, max_dim_size=None, name: str | None = None, values=None) -> Blob:
     """`flow.concat(inputs, axis=0)`: join Blobs along `axis` (negative counts from the end).
+    `values` is OneFlow's other name of `inputs` (InceptionV3 passes `values=`).
 
     Example:
         both = flow.concat([a, b], axis=1)
     """
     api = "flow.concat"
+    if (inputs is None) == (values is None):
+        raise TraceError(f"{user_location()}: {api}: pass the Blobs as `inputs` or as `values`, "
+                         f"{'not both' if values is not None else 'got neither'}")
+    inputs = values if inputs is None else inputs
     blobs = [check_blob(x, api, f"inputs[{i}]") for i, x in enumerate(inputs)]
     if not blobs:
         raise TraceError(f"{user_location()}: {api}: needs at least one input")

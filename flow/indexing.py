@@ -247,6 +247,11 @@ def gather(params, indices, validate_indices=None, axis: int | None = None, batc
     if bd < 0:
         bd += len(ix.shape)
     ax = bd if axis is None else axes(p, axis, api)[0]
+    if bd > 0 and ax == bd:
+        # OneFlow 0.3 sends this case to its batch_gather op, whose batch is every axis of `indices`
+        # but the last, whatever batch_dims says (BERT's pretraining gathers (B, S, H) by (B, P) with
+        # axis=2, batch_dims=2 and gets (B, P, H))
+        bd = ax = len(ix.shape) - 1
     return emit("gather", [p, ix], {"axis": ax, "batch_dims": bd}, name=name or "", api=api)
 
 

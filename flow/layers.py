@@ -7,6 +7,7 @@ from flowc.compiler.errors import TraceError
 from flowc.compiler.trace import Blob, current, emit, user_location
 from flow._ops import check_blob
 from flow.variables import get_variable
+from flow.upsample import upsample_2d  # noqa: F401 - OneFlow has it under flow.layers
 from flowc.runtime import initializers
 
 

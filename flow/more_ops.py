@@ -205,3 +205,60 @@ def mirrored_view_enabled() -> bool:
     """
     return _logical_view() == "mirrored"
 
+
+
+def parallel_cast(input, name: str | None = None, distribute=None, gradient_distribute=None) -> Blob:  # noqa: A002
+    """`flow.parallel_cast(input, distribute=None, gradient_distribute=None)`: the same logical values,
+    laid out over the devices as `distribute` says (and its gradient as `gradient_distribute`).  In
+    the consistent view a layout never changes a value, and flowc's passes choose the layouts, so
+    both hints are checked and the result is `input`'s values.
+
+    Example:
+        ids = flow.parallel_cast(ids, distribute=flow.distribute.broadcast())
+    """
+    from flowc.compiler.distribute import check_distribute
+    from flow.indexing import identity
+    api = "flow.parallel_cast"
+    x = check_blob(input, api, "input")
+    for hint in (distribute, gradient_distribute):
+        if hint is not None:
+            check_distribute(hint, x, api)
+    return identity(x, name=name)
+
+
+class FunctionDesc:
+    """What `flow.current_global_function_desc()` returns: the job being traced, as OneFlow's
+    FunctionDesc shows it: `IsTrainable()`, `HasAttr(option)`, and the FunctionConfig options the
+    job set, read as attributes."""
+
+    def __init__(self, job_name: str, job_type: str, config: Any) -> None:
+        self._job_name, self._job_type = job_name, job_type
+        self._values: dict[str, Any] = dict(getattr(config, "values", None) or {})
+
+    def IsTrainable(self) -> bool:  # noqa: N802 - OneFlow's name
+        """True in a `type="train"` job."""
+        return self._job_type == "train"
+
+    def HasAttr(self, attr_name: str) -> bool:  # noqa: N802 - OneFlow's name
+        """Did the job's function config set option `attr_name`?"""
+        return attr_name in self._values
+
+    def __getattr__(self, attr_name: str) -> Any:
+        if attr_name.startswith("_"):
+            raise AttributeError(attr_name)
+        if attr_name in self._values:
+            return self._values[attr_name]
+        raise AttributeError(f"job {self._job_name!r}: its function config does not set {attr_name!r} "
+                             f"(HasAttr({attr_name!r}) is False)")
+
+
+def current_global_function_desc() -> FunctionDesc:
+    """`flow.current_global_function_desc()`: the job function being traced; `IsTrainable()` tells
+    a train job from a predict job (layers use it to pick batch statistics or the moving ones).
+
+    Example:
+        training = flow.current_global_function_desc().IsTrainable()
+    """
+    from flowc.compiler.trace import current
+    ctx = current("flow.current_global_function_desc()")
+    return FunctionDesc(ctx.job_name, ctx.job_type, ctx.function_config)

@@ -72,6 +72,30 @@ def sparse_softmax_cross_entropy_with_logits(labels, logits, name: str | None = 
     return emit("sparse_softmax_cross_entropy", [lg, lab], name=name or "", api=api)
 
 
+def sparse_cross_entropy(labels=None, prediction=None, name: str | None = None) -> Blob:
+    """`flow.nn.sparse_cross_entropy(labels, prediction)`: -log(prediction[..., label]) for probabilities
+    `prediction` (a softmax's output), of the labels' shape; labels of prediction's rank end in an axis
+    of 1, which is dropped, as in OneFlow.  The probability is clamped below at 1e-20 before the log
+    (OneFlow's SafeLog), so a zero gives 46.05 rather than inf.
+
+    Example:
+        loss = flow.nn.sparse_cross_entropy(labels=labels, prediction=flow.nn.softmax(logits))
+    """
+    from flow import math
+    api = "flow.nn.sparse_cross_entropy"
+    lab, p = check_blob(labels, api, "labels"), check_blob(prediction, api, "prediction")
+    if len(lab.shape) == len(p.shape) and lab.shape and lab.shape[-1] == 1:
+        lab = emit("reshape", [lab], {"shape": lab.shape[:-1]}, api=api)
+    if not p.shape or tuple(lab.shape) != tuple(p.shape[:-1]):
+        raise TraceError(f"{user_location()}: {api}: labels {list(labels.shape)} must have prediction's shape "
+                         f"{list(p.shape)} without its last axis (or with it as 1)")
+    if not lab.type.dtype.startswith(("int", "uint")):
+        raise TraceError(f"{user_location()}: {api}: labels must be integers (class indices), got {lab.type.dtype}")
+    batch = len(lab.shape)
+    picked = emit("gather", [p, lab], {"axis": batch, "batch_dims": batch}, api=api)
+    return math.negative(math.log(math.maximum(picked, 1e-20)), name=name)
+
+
 def conv2d(input, filters, strides, padding, data_format: str = "NCHW", dilations=None, groups: int = 1,
            name: str | None = None) -> Blob:
     """`flow.nn.conv2d(input, filters, strides, padding, data_format="NCHW", dilations=None, groups=1)`.
@@ -333,9 +357,12 @@ def sigmoid_cross_entropy_with_logits(labels, logits, name: str | None = None) -
     from flow import math
     api = "flow.nn.sigmoid_cross_entropy_with_logits"
     lab, x = check_blob(labels, api, "labels"), check_blob(logits, api, "logits")
+    if lab.shape == x.shape and lab.type.dtype.startswith(("int", "uint")):
+        # OneFlow's kernel takes integer labels too (the Wide & Deep benchmark feeds int32 ones)
+        lab = emit("cast", [lab], {"dtype": x.type.dtype}, api=api)
     if lab.shape != x.shape or lab.dtype != x.dtype:
         raise TraceError(f"{user_location()}: {api}: labels ({list(lab.shape)}, {lab.type.dtype}) must have the "
-                         f"shape and dtype of logits ({list(x.shape)}, {x.type.dtype})")
+                         f"shape of logits ({list(x.shape)}, {x.type.dtype}) and its dtype or an integer one")
     positive = math.relu(x)
     # -|x| written as x - 2 relu(x): the kinks of relu cancel, so the gradient at 0 is 1/2 - labels
     minus_abs = x - positive * 2.0

@@ -34,6 +34,9 @@ _NOT_YET = "not implemented in flowc yet"
 _NO_LIBRARY = "flowc has no C++ library to build custom ops against (see docs/oneflow_compat.md)"
 _SUMMARY = "OneFlow's TensorBoard summary writer; record values with flow.watch or job results instead"
 _UNITTEST = "OneFlow's own test harness; flowc's tests use pytest"
+_MICRO_BATCHES = ("OneFlow's micro-batch ops run part of a job several times within one step (repeat, pack) and "
+                  "join the passes (acc, unpack); a flowc step runs its graph once: feed the whole batch, or "
+                  "accumulate results over calls")
 _QUANTIZATION = ("quantization-aware training (observers and fake quantization) is not in flowc's op set; "
                  "FunctionConfig.enable_qat is refused too")
 
@@ -86,12 +89,17 @@ UNSUPPORTED: dict[str, str] = {
     **{name: _NOT_YET for name in (
         "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "combined_margin_loss", "ctc_loss",
         "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag", "dim_gather", "gather_nd", "scatter_nd",
-        "tensor_scatter_nd_add", "tensor_scatter_nd_update", "layers.conv3d", "nn.conv3d", "layers.upsample_2d",
+        "tensor_scatter_nd_add", "tensor_scatter_nd_update", "layers.conv3d", "nn.conv3d",
         "layers.batch_normalization_add_relu", "layers.batch_normalization_relu", "nn.GroupNorm",
         "nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d", "nn.PixelShuffle", "nn.PixelShufflev2",
-        "nn.random_mask_like", "nn.sparse_cross_entropy", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
+        "nn.random_mask_like", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
         "elem_cnt", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},
+    **{name: _MICRO_BATCHES for name in ("repeat", "acc", "pack", "unpack")},
+    "optimizer.CombinedOptimizer": "several optimizers over disjoint variables in one job; give each optimizer "
+                                   "its `variables` in a train job of its own",
+    "optimizer.CustomScheduler": "a learning rate read from a blob by its logical blob name; flowc has no logical "
+                                 "blob names: use one of the schedulers",
     "env.current_resource": _INTERNAL,
     **{f"sysconfig.{name}": _NO_LIBRARY for name in (
         "get_compile_flags", "get_include", "get_lib", "get_link_flags", "has_rpc_backend_grpc",

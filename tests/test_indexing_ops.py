@@ -7,6 +7,7 @@ The cases share compiled code: each group below is one graph (several ops, one c
 from __future__ import annotations
 
 import os
+import typing
 import shutil
 
 import numpy as np
@@ -188,6 +189,21 @@ def test_an_out_of_range_gather_index_fails_the_step_and_changes_nothing():
     with pytest.raises(flow.StepError, match=out_of_range):
         embed(np.array([0, 5, 1], np.int32))
     np.testing.assert_array_equal(flow.get_all_variables()["h14_table"].numpy(), table)
+
+
+def test_gather_with_batch_dims_at_its_axis_is_oneflows_batch_gather():
+    # BERT's pretraining (OneFlow-Benchmark) picks the masked positions' hidden states with axis=2,
+    # batch_dims=2 on (B, S, H) and (B, P): OneFlow's batch_gather, whose batch is indices' leading axes
+    @flow.global_function(type="predict")
+    def pick(seq: tp.Numpy.Placeholder((2, 6, 4)),
+             pos: tp.Numpy.Placeholder((2, 3), dtype=flow.int32)) -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        return (flow.gather(params=seq, indices=pos, axis=2, batch_dims=2),
+                flow.gather(seq, pos, axis=1, batch_dims=1))
+    seq = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    pos = np.array([[5, 0, 2], [1, 1, 4]], np.int32)
+    want = np.take_along_axis(seq, pos[:, :, None], axis=1)
+    for got in pick(seq, pos):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_assign_writes_the_variable_after_the_step():

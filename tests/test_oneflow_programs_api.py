@@ -1,0 +1,255 @@
+"""Calls that real OneFlow 0.3 programs make, found by running programs of OneFlow-Benchmark and
+Oneflow-Inc's model zoos on flowc: each against NumPy or against the form flowc had already.
+
+Full reductions keep one axis (Re-ID's losses concatenate them, GE2E indexes `loss[0]`); batch_gather
+is tested in tests/test_indexing_ops.py (BERT's pretraining)."""
+from __future__ import annotations
+
+import typing
+
+import numpy as np
+import pytest
+
+import flow
+import flow.typing as tp
+from flowc.compiler.errors import TraceError
+from tests.oracle import finite_difference_check
+
+rng = np.random.default_rng(31)
+X = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    flow.clear_default_session()
+    yield
+    flow.clear_default_session()
+
+
+def test_a_reduction_over_every_axis_has_shape_1_as_in_oneflow():
+    @flow.global_function()
+    def reduce(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> typing.Tuple[(tp.Numpy,) * 15]:
+        m = flow.math
+        return (m.reduce_sum(x), m.reduce_mean(x), m.reduce_max(x), m.reduce_min(x), m.reduce_prod(x * 0.1 + 1.0),
+                m.reduce_any(x), m.reduce_all(x), m.reduce_euclidean_norm(x), m.reduce_logsumexp(x),
+                m.reduce_variance(x), m.reduce_std(x), m.reduce_sum(x, axis=[0, 1, 2, 3]),
+                m.reduce_sum(x, keepdims=True), m.reduce_sum(x, axis=[1, 3]),
+                # Re-ID's losses: the maximum of each slice, concatenated
+                flow.concat([m.reduce_max(flow.slice_v2(x, [(i, i + 1, 1)])) for i in range(2)]))
+    want = [X.sum(), X.mean(), X.max(), X.min(), np.prod(X * 0.1 + 1.0), 1, int(np.all(X != 0)),
+            np.sqrt((X * X).sum()), np.log(np.exp(X).sum()), X.var(), X.std(), X.sum()]
+    got = reduce(X)
+    for i, (value, expected) in enumerate(zip(got, want)):
+        assert value.shape == (1,), (i, value.shape)
+        np.testing.assert_allclose(value, [expected], rtol=2e-5, err_msg=f"result {i}")
+    assert got[12].shape == (1, 1, 1, 1) and got[13].shape == (2, 4)
+    np.testing.assert_allclose(got[14], X.reshape(2, -1).max(axis=1), rtol=1e-6)
+
+
+def test_a_train_jobs_loss_is_indexed_as_oneflow_programs_do():
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(3,), initializer=flow.ones_initializer())
+        loss = flow.math.reduce_mean(x * w)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+        return loss
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    first = train(x)
+    assert first.shape == (1,) and first[0] == pytest.approx(x.mean(), rel=1e-6)
+    # d(mean(x * w))/dw = the column means / 3
+    np.testing.assert_allclose(flow.get_all_variables()["w"].numpy(), 1.0 - 0.5 * x.mean(axis=0) / 3, rtol=1e-6)
+
+
+def test_parallel_cast_keeps_the_values_and_the_gradient():
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(3,), initializer=flow.ones_initializer())
+        cast = flow.parallel_cast(x * w, distribute=flow.distribute.broadcast(),
+                                  gradient_distribute=flow.distribute.split(0))
+        loss = flow.math.reduce_sum(cast)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+        return cast
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(train(x), x)
+    np.testing.assert_allclose(flow.get_all_variables()["w"].numpy(), 1.0 - 0.5 * x.sum(axis=0), rtol=1e-6)
+
+
+def test_parallel_cast_checks_its_hints():
+    @flow.global_function()
+    def bad(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+        return flow.parallel_cast(x, distribute="broadcast")
+    with pytest.raises(TraceError, match=r"flow.parallel_cast: expected flow.distribute"):
+        bad(np.zeros((4, 3), np.float32))
+
+
+def test_current_global_function_desc_tells_train_from_predict_jobs():
+    seen = {}
+    config = flow.function_config()
+    config.default_data_type(flow.float)
+
+    def body(x, job):
+        desc = flow.current_global_function_desc()
+        seen[job] = (desc.IsTrainable(), desc.HasAttr("default_data_type"))
+        return x * 2.0
+
+    @flow.global_function(type="predict", function_config=config)
+    def predict(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        return body(x, "predict")
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(2,), initializer=flow.ones_initializer())
+        loss = flow.math.reduce_sum(body(x * w, "train"))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)
+        return loss
+    predict(np.ones(2, np.float32))
+    train(np.ones(2, np.float32))
+    assert seen == {"predict": (False, True), "train": (True, False)}
+    with pytest.raises(TraceError, match="current_global_function_desc"):
+        flow.current_global_function_desc()
+
+
+def test_concat_takes_values_as_inceptions_programs_pass_them():
+    @flow.global_function()
+    def join(x: tp.Numpy.Placeholder((2, 3))) -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        return flow.concat(values=[x, x * 2.0], axis=1, name="concat"), flow.concat([x, x * 2.0], axis=1)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    by_values, by_inputs = join(x)
+    np.testing.assert_array_equal(by_values, np.concatenate([x, x * 2], axis=1))
+    np.testing.assert_array_equal(by_values, by_inputs)
+
+    @flow.global_function()
+    def both(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        return flow.concat([x], values=[x])
+    with pytest.raises(TraceError, match="not both"):
+        both(x)
+
+
+def test_a_padding_per_layout_axis_and_pools_without_strides():
+    w = rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
+
+    @flow.global_function()
+    def pads(x: tp.Numpy.Placeholder((2, 3, 4, 5)), w: tp.Numpy.Placeholder((3, 1, 3, 3))) \
+            -> typing.Tuple[(tp.Numpy,) * 7]:
+        nhwc = flow.transpose(x, perm=[0, 2, 3, 1], batch_axis_non_change=True)
+        return (flow.nn.conv2d(x, w, 1, [0, 0, 1, 1], "NCHW", groups=3),        # MobileNetV3's form
+                flow.nn.conv2d(x, w, 1, 1, "NCHW", groups=3),
+                flow.nn.conv2d(x, w, 1, [0, 0, (1, 2), (0, 1)], "NCHW", groups=3),
+                flow.nn.conv2d(x, w, 1, [[0, 0], [0, 0], [1, 2], [0, 1]], "NCHW", groups=3),
+                flow.nn.max_pool2d(nhwc, ksize=2, strides=None, padding=[0, 1, 0, 0], data_format="NHWC"),
+                flow.nn.avg_pool2d(x, ksize=[4, 4], strides=None, padding="VALID"),
+                flow.nn.avg_pool2d(x, ksize=[4, 4], strides=1, padding="VALID"))
+    flat, same, pairs, nested, max_pooled, avg_none, avg_one = pads(X, w)
+    np.testing.assert_array_equal(flat, same)
+    np.testing.assert_array_equal(pairs, nested)
+    assert pairs.shape == (2, 3, 5, 4)
+    padded = np.pad(X.transpose(0, 2, 3, 1), ((0, 0), (1, 1), (0, 0), (0, 0)), constant_values=-np.inf)
+    want = np.max([padded[:, i:i + 5, j:j + 4] for i in (0, 1) for j in (0, 1)], axis=0)
+    np.testing.assert_array_equal(max_pooled, want)
+    np.testing.assert_array_equal(avg_none, avg_one)
+    assert avg_none.shape == (2, 3, 1, 2)
+
+    @flow.global_function()
+    def pads_the_channels(x: tp.Numpy.Placeholder((2, 3, 4, 5)), w: tp.Numpy.Placeholder((3, 1, 3, 3))) -> tp.Numpy:
+        return flow.nn.conv2d(x, w, 1, [0, 1, 1, 1], "NCHW", groups=3)
+    with pytest.raises(TraceError, match="pads the batch or channel axis"):
+        pads_the_channels(X, w)
+
+
+def test_a_blob_in_an_if_names_the_none_test():
+    @flow.global_function()
+    def branch(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        return x if x else x * 2.0
+    with pytest.raises(TraceError, match="is not None"):
+        branch(np.ones(2, np.float32))
+
+
+def test_sparse_cross_entropy_reads_the_labels_probability():
+    @flow.global_function()
+    def loss(p: tp.Numpy.Placeholder((4, 3)), labels: tp.Numpy.Placeholder((4, 1), dtype=flow.int32)) \
+            -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        probabilities = flow.nn.softmax(p)
+        return (flow.nn.sparse_cross_entropy(labels=labels, prediction=probabilities),
+                flow.nn.sparse_cross_entropy(labels, flow.math.multiply(probabilities, 0.0)))
+    p = rng.standard_normal((4, 3)).astype(np.float32)
+    labels = np.array([[0], [2], [1], [2]], np.int32)
+    softmax = np.exp(p) / np.exp(p).sum(axis=1, keepdims=True)
+    got, of_zero = loss(p, labels)
+    np.testing.assert_allclose(got, -np.log(softmax[np.arange(4), labels[:, 0]]), rtol=1e-6)
+    np.testing.assert_allclose(of_zero, np.full(4, -np.log(np.float32(1e-20))), rtol=1e-6)    # clamped, finite
+
+
+def test_sparse_cross_entropy_gradient_against_finite_differences():
+    p = rng.uniform(0.2, 1.0, (3, 4))
+    labels = np.array([3, 0, 3], np.int32)
+    finite_difference_check(lambda p, labels: flow.nn.sparse_cross_entropy(labels, p), [p, labels])
+
+
+def test_sigmoid_cross_entropy_takes_integer_labels_as_the_wide_and_deep_benchmark_feeds():
+    @flow.global_function()
+    def loss(x: tp.Numpy.Placeholder((4, 1)), y: tp.Numpy.Placeholder((4, 1), dtype=flow.int32)) \
+            -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        return (flow.nn.sigmoid_cross_entropy_with_logits(y, x),
+                flow.nn.sigmoid_cross_entropy_with_logits(flow.cast(y, flow.float), x))
+    x = rng.standard_normal((4, 1)).astype(np.float32)
+    as_int, as_float = loss(x, np.array([[1], [0], [0], [1]], np.int32))
+    np.testing.assert_array_equal(as_int, as_float)
+
+
+def _bilinear(x: np.ndarray, scale: int, axis: int) -> np.ndarray:
+    """OneFlow's (and PyTorch's align_corners=False) source coordinates along one axis."""
+    size = x.shape[axis]
+    source = np.maximum((np.arange(size * scale, dtype=np.float32) + 0.5) * np.float32(1 / scale) - 0.5, 0)
+    low = np.floor(source).astype(int)
+    high = np.minimum(low + 1, size - 1)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    t = (source - low).reshape(shape)
+    return np.take(x, low, axis=axis) * (1 - t) + np.take(x, high, axis=axis) * t
+
+
+def test_upsample_2d_nearest_and_bilinear_against_numpy():
+    @flow.global_function()
+    def up(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> typing.Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        nhwc = flow.transpose(x, perm=[0, 2, 3, 1])
+        return (flow.layers.upsample_2d(x, size=(2, 3)),
+                flow.layers.upsample_2d(x, size=(2, 3), interpolation="bilinear"),
+                flow.layers.upsample_2d(nhwc, size=2, data_format="NHWC", interpolation="bilinear"))
+    nearest, bilinear, nhwc = up(X)
+    np.testing.assert_array_equal(nearest, X.repeat(2, axis=2).repeat(3, axis=3))
+    np.testing.assert_allclose(bilinear, _bilinear(_bilinear(X, 2, 2), 3, 3), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(nhwc, _bilinear(_bilinear(X, 2, 2), 2, 3).transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_upsample_2d_gradients_against_finite_differences(interpolation):
+    x = rng.standard_normal((1, 2, 3, 2))
+    finite_difference_check(lambda x: flow.layers.upsample_2d(x, size=(3, 2), interpolation=interpolation), [x])
+
+
+def test_upsample_2d_names_a_bad_argument():
+    @flow.global_function()
+    def up(x: tp.Numpy.Placeholder((1, 1, 2, 2))) -> tp.Numpy:
+        return flow.layers.upsample_2d(x, size=1.5)
+    with pytest.raises(TraceError, match="upsample_2d: size must be an int or a pair"):
+        up(np.zeros((1, 1, 2, 2), np.float32))
+
+
+def test_an_optimizers_variables_may_be_a_callable_and_are_listed_by_variables():
+    listed = []
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        a = flow.get_variable("a", shape=(3,), initializer=flow.ones_initializer())
+        b = flow.get_variable("b", shape=(3,), initializer=flow.ones_initializer())
+        loss = flow.math.reduce_sum(x * a * b)
+        only_a = flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5]), variables=lambda: ["a"])
+        only_a.minimize(loss)
+        listed.extend([only_a.Variables(), flow.optimizer.SGD(0.1).Variables()])
+        return loss
+    x = np.array([1, 2, 3], np.float32)
+    train(x)
+    assert listed == [["a"], ["a", "b"]]
+    values = flow.get_all_variables()
+    np.testing.assert_allclose(values["a"].numpy(), 1 - 0.5 * x)
+    np.testing.assert_array_equal(values["b"].numpy(), np.ones(3))
