@@ -206,7 +206,6 @@ def mirrored_view_enabled() -> bool:
     return _logical_view() == "mirrored"
 
 
-
 def parallel_cast(input, name: str | None = None, distribute=None, gradient_distribute=None) -> Blob:  # noqa: A002
     """`flow.parallel_cast(input, distribute=None, gradient_distribute=None)`: the same logical values,
     laid out over the devices as `distribute` says (and its gradient as `gradient_distribute`).  In
