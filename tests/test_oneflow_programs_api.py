@@ -19,13 +19,6 @@ rng = np.random.default_rng(31)
 X = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    flow.clear_default_session()
-    yield
-    flow.clear_default_session()
-
-
 def test_a_reduction_over_every_axis_has_shape_1_as_in_oneflow():
     @flow.global_function()
     def reduce(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> typing.Tuple[(tp.Numpy,) * 15]:
