@@ -43,6 +43,8 @@ from flowc.runtime.job import FunctionConfig, global_function
 from flowc.runtime.session import clear_default_session
 from flow import deprecated, linalg, sbp
 from flow.math import in_top_k, unsorted_batch_segment_sum, unsorted_segment_sum, unsorted_segment_sum_like
+from flow.margin_loss import combined_margin_loss
+from flow.user_ops import consistent_user_op_builder, user_op_builder
 from flow.more_ops import (argsort, current_global_function_desc, device_prior_placement, dtypes, name_scope,
                            parallel_cast, range, smooth_l1_loss, sort)
 
@@ -61,8 +63,9 @@ __all__ = [
     # errors
     "FlowError", "JobCallError", "StepError", "TraceError", "UnsupportedError",
     # execution modes; features flowc does not support (flow/unsupported.py: calling them raises)
-    "eager_execution_enabled", "enable_eager_execution", "user_op_builder", "consistent_user_op_builder",
-    "user_op_module_builder",
+    "eager_execution_enabled", "enable_eager_execution", "user_op_module_builder",
+    # OneFlow's built-in ops by their op type (flow/user_ops.py)
+    "user_op_builder", "consistent_user_op_builder",
     # blobs and ops
     "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
     # sources, views and indexing (flow/indexing.py)
@@ -84,7 +87,7 @@ __all__ = [
     # more of OneFlow 0.3's names (flow/more_ops.py, flow/linalg.py, flow/sbp.py, flow/deprecated.py)
     "deprecated", "linalg", "sbp", "in_top_k", "unsorted_batch_segment_sum", "unsorted_segment_sum",
     "unsorted_segment_sum_like", "argsort", "device_prior_placement", "dtypes", "name_scope", "range",
-    "smooth_l1_loss", "sort", "parallel_cast", "current_global_function_desc",
+    "smooth_l1_loss", "sort", "parallel_cast", "current_global_function_desc", "combined_margin_loss",
 ]
 
 __version__ = "0.1.0"
@@ -123,8 +126,6 @@ def enable_eager_execution(val: bool = True) -> None:
         unsupported.stub("enable_eager_execution")()
 
 
-user_op_builder = unsupported.stub("user_op_builder")
-consistent_user_op_builder = unsupported.stub("consistent_user_op_builder")
 user_op_module_builder = unsupported.stub("user_op_module_builder")
 
 

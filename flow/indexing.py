@@ -297,7 +297,8 @@ def slice_v2(x, slice_tup_list, name: str | None = None) -> Blob:
 
 def slice(x, begin, size, name: str | None = None) -> Blob:  # noqa: A001 - OneFlow's name
     """`flow.slice(x, begin, size)`: `size[d]` elements from `begin[d]` in every dim (None keeps a dim
-    whole, a size of -1 runs to its end).
+    whole, a size of -1 runs to its end).  As in OneFlow, a size may be up to the dim's length and
+    is cut at the dim's end: `begin=[1], size=[n]` is `x[1:]`.
 
     Example:
         head = flow.slice(x, begin=[None, 0], size=[None, 2])
@@ -313,10 +314,10 @@ def slice(x, begin, size, name: str | None = None) -> Blob:  # noqa: A001 - OneF
         start = 0 if b is None else b % n
         if s is None or s == -1:
             tups.append((start, None, 1))
-        elif s <= 0 or start + s > n:
-            raise _fail(api, f"size[{d}] = {s} does not fit dim {d} of size {n} from {start}")
+        elif s <= 0 or s > n:
+            raise _fail(api, f"size[{d}] = {s} is outside [1, {n}], the size of dim {d} (or -1: to its end)")
         else:
-            tups.append((start, start + s, 1))
+            tups.append((start, min(start + s, n), 1))
     return emit("strided_slice", [x], _slice_attrs(x, tups, api), name=name or "", api=api)
 
 

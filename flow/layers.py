@@ -120,8 +120,6 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     Example:
         y = flow.layers.batch_normalization(conv1, axis=1, name="bn1")
     """
-    from flow import math
-    from flow.array_ops import reshape
     api = "flow.layers.batch_normalization"
     x = check_blob(inputs, api, "inputs")
     ctx = current(api)
@@ -131,10 +129,6 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     axis %= rank
     channels = x.shape[axis]
     name = name or ctx.unique_name("BatchNorm")
-    kept = [1] * rank
-    kept[axis] = channels
-    reduce_axes = [d for d in range(rank) if d != axis]
-
     mm_var = get_variable(f"{name}-moving_mean", shape=(channels,), dtype=x.dtype, trainable=False,
                           initializer=moving_mean_initializer or initializers.zeros_initializer())
     mv_var = get_variable(f"{name}-moving_variance", shape=(channels,), dtype=x.dtype, trainable=False,
@@ -149,6 +143,22 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
         beta = get_variable(f"{name}-beta", shape=(channels,), dtype=x.dtype,
                             initializer=beta_initializer or initializers.zeros_initializer(),
                             regularizer=beta_regularizer, trainable=trainable)
+    return _normalize(x, axis, momentum, epsilon, gamma, beta, mm_var, mv_var, training, name, api)
+
+
+def _normalize(x: Blob, axis: int, momentum: float, epsilon: float, gamma: Blob | None, beta: Blob | None,
+               mm_var: Blob, mv_var: Blob, training: bool, name: str, api: str) -> Blob:
+    """OneFlow's `normalization` op over every axis but `axis` (non-negative), with the variables
+    given: in training, the batch's statistics and the moving averages' update (an assign of
+    `mm_var` and `mv_var`, which must be variables); otherwise the moving statistics.  The layer
+    above and `flow.user_op_builder(...).Op("normalization")` both end here."""
+    from flow import math
+    from flow.array_ops import reshape
+    ctx = current(api)
+    rank, channels = len(x.shape), x.shape[axis]
+    kept = [1] * rank
+    kept[axis] = channels
+    reduce_axes = [d for d in range(rank) if d != axis]
     if training and x.type.dtype in _FUSED_DTYPES:
         return _fused_batch_norm(x, axis, momentum, epsilon, gamma, beta, mm_var, mv_var, name, api)
     if training:   # float16: the composed form (the fused kernels are float32 and float64)

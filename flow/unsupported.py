@@ -42,8 +42,6 @@ _QUANTIZATION = ("quantization-aware training (observers and fake quantization) 
 
 # Fully qualified name (under `flow.`) -> reason.
 UNSUPPORTED: dict[str, str] = {
-    "user_op_builder": _CUSTOM_OPS,
-    "consistent_user_op_builder": _CUSTOM_OPS,
     "user_op_module_builder": _CUSTOM_OPS,
     "config.load_library": _CUSTOM_OPS,
     "config.load_library_now": _CUSTOM_OPS,
@@ -87,7 +85,7 @@ UNSUPPORTED: dict[str, str] = {
                                      "layers.layer_norm_param_grad", "placement.current_scope", "scope.current_scope",
                                      "same_padding", "sleep_identity", "math.reduced_shape_elem_cnt")},
     **{name: _NOT_YET for name in (
-        "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "combined_margin_loss", "ctc_loss",
+        "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "ctc_loss",
         "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag", "dim_gather", "gather_nd", "scatter_nd",
         "tensor_scatter_nd_add", "tensor_scatter_nd_update", "layers.conv3d", "nn.conv3d",
         "layers.batch_normalization_add_relu", "layers.batch_normalization_relu", "nn.GroupNorm",

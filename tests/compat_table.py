@@ -79,7 +79,7 @@ def status_of(name: str, kind: str) -> tuple[str, str]:
     reason = getattr(obj, "__flowc_no_op__", None)
     if reason is not None:
         return NO_OP, reason
-    return SUPPORTED, ""
+    return SUPPORTED, getattr(obj, "__flowc_scope__", "")    # what a name supported in part covers
 
 
 def rows() -> list[Row]:
@@ -114,7 +114,8 @@ def markdown() -> str:
         "the list is docs/oneflow_0.3_names.tsv) and what flowc does with it:",
         "",
         "* **supported**: it exists under the same name with OneFlow's arguments and meaning (on several",
-        "  ranks, what the data- and model-parallel passes accept: docs/distributed.md);",
+        "  ranks, what the data- and model-parallel passes accept: docs/distributed.md); a note says what a",
+        "  name supported in part covers;",
         "* **accepted (no-op)**: the call is checked and accepted, and has nothing to do here (the reason says",
         "  why); these are settings and markers, never ops whose results would be wrong;",
         "* **not supported**: calling it raises `flow.UnsupportedError` naming the feature and the reason",

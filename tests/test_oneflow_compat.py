@@ -45,8 +45,10 @@ def test_unsupported_features_of_the_issue_fail_at_the_call():
     with pytest.raises(UnsupportedError, match="eager"):
         flow.enable_eager_execution()
     assert flow.eager_execution_enabled() is False
-    with pytest.raises(UnsupportedError, match="user_op_builder"):
-        flow.user_op_builder("my_op")
+    with pytest.raises(UnsupportedError, match="user_op_module_builder"):
+        flow.user_op_module_builder("my_op")
+    with pytest.raises(UnsupportedError, match="flowc has no op 'my_custom_op'"):    # built-in op types run
+        flow.user_op_builder("my_op").Op("my_custom_op").Output("out").Build()
     with pytest.raises(UnsupportedError, match="OFRecord"):
         flow.data.ofrecord_reader("/data", batch_size=32)
 

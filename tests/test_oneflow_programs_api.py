@@ -246,3 +246,80 @@ def test_an_optimizers_variables_may_be_a_callable_and_are_listed_by_variables()
     values = flow.get_all_variables()
     np.testing.assert_allclose(values["a"].numpy(), 1 - 0.5 * x)
     np.testing.assert_array_equal(values["b"].numpy(), np.ones(3))
+
+
+def test_slice_cuts_a_size_that_runs_past_the_end_as_oneflow_does():
+    # SRGAN's total variation loss: flow.slice(images, [None, 0, 1, 0], [None, 3, hr, hr]) is images[:, :, 1:, :]
+    @flow.global_function()
+    def cut(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        return (flow.slice(x, [None, 0, 1, 0], [None, 3, 4, 5]), flow.slice(x, [None, -2, 0, 3], [None, 2, -1, 4]))
+    past_end, negative_begin = cut(X)
+    np.testing.assert_array_equal(past_end, X[:, :, 1:, :])
+    np.testing.assert_array_equal(negative_begin, X[:, 1:, :, 3:])
+
+    @flow.global_function()
+    def too_long(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> tp.Numpy:
+        return flow.slice(x, [None, 0, 0, 0], [None, 3, 5, 5])
+    with pytest.raises(TraceError, match=r"size\[2\] = 5 is outside \[1, 4\]"):
+        too_long(X)
+
+
+def _margin_reference(x: np.ndarray, labels: np.ndarray, m1: float, m2: float, m3: float) -> np.ndarray:
+    """OneFlow's combined margin: cos(m1 * acos(x) + m2) - m3 at each row's label, x elsewhere."""
+    out = x.astype(np.float64).copy()
+    for row, label in enumerate(labels):
+        if 0 <= label < x.shape[1]:
+            out[row, label] = np.cos(m1 * np.arccos(x[row, label]) + m2) - m3
+    return out
+
+
+@pytest.mark.parametrize("m1, m2, m3", [(1.0, 0.5, 0.0), (1.0, 0.0, 0.35), (1.35, 0.25, 0.1)],
+                         ids=["arcface", "cosface", "combined"])
+def test_combined_margin_loss_against_numpy(m1, m2, m3):
+    @flow.global_function()
+    def margin(x: tp.Numpy.Placeholder((5, 6)), labels: tp.Numpy.Placeholder((5,), dtype=flow.int32)) -> tp.Numpy:
+        return flow.combined_margin_loss(x, labels, m1=m1, m2=m2, m3=m3) * 64.0
+    cosines = rng.uniform(-0.95, 0.95, (5, 6)).astype(np.float32)
+    cosines[1, 4] = np.nan                                  # off the label: stays NaN, reaches nothing else
+    labels = np.array([2, 0, 5, 9, -1], np.int32)           # the last two out of range: rows unchanged
+    got = margin(cosines, labels)
+    np.testing.assert_allclose(got, 64.0 * _margin_reference(cosines, labels, m1, m2, m3), rtol=2e-6, atol=2e-5)
+    assert np.isnan(got[1, 4]) and np.isfinite(np.delete(got[1], 4)).all()
+
+
+def test_combined_margin_loss_gradient_against_finite_differences():
+    cosines = rng.uniform(-0.9, 0.9, (4, 5))
+    labels = np.array([1, 4, 0, 2], np.int32)
+    finite_difference_check(lambda x, y: flow.combined_margin_loss(x, y, m1=1.2, m2=0.3, m3=0.2), [cosines, labels])
+
+
+def test_combined_margin_loss_trains_an_arcface_head():
+    @flow.global_function(type="train")
+    def train(embedding: tp.Numpy.Placeholder((4, 3)), labels: tp.Numpy.Placeholder((4,), dtype=flow.int32)) \
+            -> tp.Numpy:
+        weight = flow.get_variable("fc7-weight", shape=(3, 5), initializer=flow.random_normal_initializer(seed=3))
+        cosines = flow.matmul(flow.math.l2_normalize(embedding, axis=1), flow.math.l2_normalize(weight, axis=0))
+        logits = flow.combined_margin_loss(cosines, labels, m2=0.5) * 8.0
+        loss = flow.math.reduce_mean(flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+        return loss
+    embedding = rng.standard_normal((4, 3)).astype(np.float32)
+    labels = np.array([0, 1, 2, 3], np.int32)
+    losses = [train(embedding, labels).item() for _ in range(8)]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def test_combined_margin_loss_names_a_bad_argument():
+    @flow.global_function()
+    def margin(x: tp.Numpy.Placeholder((4, 5)), labels: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        return flow.combined_margin_loss(x, labels)
+    with pytest.raises(TraceError, match="label must be integer class ids of shape"):
+        margin(np.zeros((4, 5), np.float32), np.zeros(4, np.float32))
+
+
+def test_the_activation_names_oneflows_model_files_import():
+    # OneFlow-Benchmark's VGG: `import oneflow.core.operator.op_conf_pb2 as op_conf_util`, activation=op_conf_util.kRelu
+    import flow.core.operator.op_conf_pb2 as op_conf_util
+    assert (op_conf_util.kNone, op_conf_util.kTanH, op_conf_util.kSigmoid, op_conf_util.kRelu) == (0, 1, 2, 3)
+    with pytest.raises(AttributeError, match="only OneFlow's ActivationType values.*'OperatorConf'"):
+        op_conf_util.OperatorConf()

@@ -1,0 +1,1 @@
+"""`flow.core.operator`: see op_conf_pb2.py."""
