@@ -180,6 +180,8 @@ def _watch_outputs(ctx: TraceContext, graph: Graph, diffs: dict[int, int]) -> li
     for w in ctx.watches:
         node = w.node
         if w.kind == "diff":
+            if (ctx.job_type != "train" or node not in diffs) and w.quiet:
+                continue
             if ctx.job_type != "train" or node not in diffs:
                 why = (f"job {ctx.job_name!r} is a {ctx.job_type} job, which has no backward pass"
                        if ctx.job_type != "train" else

@@ -854,32 +854,123 @@ class LARS(Optimizer):
         self.epsilon, self.lars_coefficient = float(epsilon), float(lars_coefficient)
 
 
-def from_model_update_conf(conf: dict, lr: float) -> Optimizer:
-    """The old style: `config.train.model_update_conf({...})` with `config.train.primary_lr(lr)`."""
-    if not isinstance(conf, dict) or len(conf) != 1:
-        raise ValueError(f"model_update_conf: expected one of {{'naive_conf': {{}}}}, {{'momentum_conf': "
-                         f"{{'beta': ...}}}}, {{'adam_conf': {{...}}}}; got {conf!r}")
+# The old style's update rules (NormalModelUpdateOpUserConf's one-of): conf key -> (the optimizer, from the
+# job's learning-rate scheduler, the rule's parameters and the extras' keyword arguments).
+# A weight_decay_conf makes SGD and Adam their decoupled forms (OneFlow's kernels decay the same way).
+_UPDATE_CONFS: dict[str, Callable[..., Optimizer]] = {
+    "naive_conf": lambda lr, p, **kw: (SGDW if "weight_decay" in kw else SGD)(lr, momentum=0.0, **kw),
+    "momentum_conf": lambda lr, p, **kw: (SGDW if "weight_decay" in kw else SGD)(lr, momentum=p.get("beta", 0.9),
+                                                                                 **kw),
+    "adam_conf": lambda lr, p, **kw: (AdamW if "weight_decay" in kw else Adam)(
+        lr, beta1=p.get("beta1", 0.9), beta2=p.get("beta2", 0.999), epsilon=p.get("epsilon", 1e-8),
+        do_bias_correction=p.get("do_bias_correction", False), **kw),
+    "rmsprop_conf": lambda lr, p, **kw: RMSProp(lr, decay_rate=p.get("decay_rate", 0.99),
+                                                epsilon=p.get("epsilon", 1e-8), centered=p.get("centered", False),
+                                                **kw),
+    "lars_conf": lambda lr, p, **kw: LARS(lr, momentum_beta=p.get("momentum_beta", 0.9),
+                                          epsilon=p.get("epsilon", 1e-9),
+                                          lars_coefficient=p.get("lars_coefficient", 0.0001), **kw),
+    "lazy_adam_conf": lambda lr, p, **kw: LazyAdam(lr, beta1=p.get("beta1", 0.9), beta2=p.get("beta2", 0.999),
+                                                   epsilon=p.get("epsilon", 1e-8), **kw),
+    "lamb_conf": lambda lr, p, **kw: LAMB(lr, beta1=p.get("beta1", 0.9), beta2=p.get("beta2", 0.999),
+                                          epsilon=p.get("epsilon", 1e-6), **kw),
+}
+# The rules whose optimizers take a weight decay (OneFlow's weight_decay_conf).
+_DECAYING_RULES = ("naive_conf", "momentum_conf", "adam_conf")
+# LearningRateDecayConf's one-of -> the scheduler, from the primary lr, the conf and the warmup.
+_LR_DECAYS: dict[str, Callable[[float, dict, WarmupConf | None], LrScheduler]] = {
+    "exponential_conf": lambda lr, c, w: ExponentialScheduler(lr, c["decay_batches"], c["decay_rate"],
+                                                              c.get("staircase", False), warmup=w),
+    "inverse_time_conf": lambda lr, c, w: InverseTimeScheduler(lr, c["decay_batches"], c["decay_rate"],
+                                                               c.get("staircase", False), warmup=w),
+    "natural_exp_conf": lambda lr, c, w: NaturalExpScheduler(lr, c["decay_batches"], c["decay_rate"],
+                                                             c.get("staircase", False), warmup=w),
+    "piecewise_constant_conf": lambda lr, c, w: _warmed_from(lr, PiecewiseConstantScheduler(
+        c["boundaries"], c["values"], warmup=w)),
+    "piecewise_scaling_conf": lambda lr, c, w: PiecewiseScalingScheduler(lr, c["boundaries"], c["scales"], warmup=w),
+    "polynomial_conf": lambda lr, c, w: PolynomialScheduler(lr, c["decay_batches"], c.get("end_learning_rate", 0.0001),
+                                                            c.get("power", 1.0), c.get("cycle", False), warmup=w),
+    "cosine_conf": lambda lr, c, w: CosineScheduler(lr, c["decay_batches"], c.get("alpha", 0.0), warmup=w),
+    "linear_cosine_conf": lambda lr, c, w: LinearCosineScheduler(lr, c["decay_batches"], c.get("num_periods", 0.5),
+                                                                 c.get("alpha", 0.0), c.get("beta", 0.001), warmup=w),
+}
+_WARMUPS: dict[str, Callable[[dict], WarmupConf]] = {
+    "constant_conf": lambda c: ConstantWarmup(c["warmup_batches"], c["multiplier"]),
+    "linear_conf": lambda c: LinearWarmup(c["warmup_batches"], c["start_multiplier"]),
+}
+_EXTRAS = ("learning_rate_decay", "warmup_conf", "clip_conf", "weight_decay_conf")
+
+
+def _warmed_from(lr: float, scheduler: LrScheduler) -> LrScheduler:
+    # OneFlow's kernel warms up from the primary lr, whatever the piecewise values are
+    scheduler.base_lr = float(lr)
+    return scheduler
+
+
+def _one_of(conf: Any, field: str, table: dict) -> tuple[str, dict]:
+    """The one entry of a protobuf one-of given as a dict, checked against `table`'s keys."""
+    if not isinstance(conf, dict) or len(conf) != 1 or next(iter(conf)) not in table:
+        raise ValueError(f"model_update_conf: {field} must be a dict of one of {', '.join(table)}, got {conf!r}")
     (kind, params), = conf.items()
-    params = params or {}
-    if kind == "naive_conf":
-        return SGD(lr, momentum=0.0)
-    if kind == "momentum_conf":
-        return SGD(lr, momentum=params.get("beta", 0.9))
-    if kind == "adam_conf":
-        return Adam(lr, beta1=params.get("beta1", 0.9), beta2=params.get("beta2", 0.999),
-                    epsilon=params.get("epsilon", 1e-8),
-                    do_bias_correction=params.get("do_bias_correction", False))
-    if kind == "rmsprop_conf":
-        return RMSProp(lr, decay_rate=params.get("decay_rate", 0.99), epsilon=params.get("epsilon", 1e-8),
-                       centered=params.get("centered", False))
-    if kind == "lars_conf":
-        return LARS(lr, momentum_beta=params.get("momentum_beta", 0.9), epsilon=params.get("epsilon", 1e-9),
-                    lars_coefficient=params.get("lars_coefficient", 0.0001))
-    if kind == "lazy_adam_conf":
-        return LazyAdam(lr, beta1=params.get("beta1", 0.9), beta2=params.get("beta2", 0.999),
-                        epsilon=params.get("epsilon", 1e-8))
-    if kind == "lamb_conf":
-        return LAMB(lr, beta1=params.get("beta1", 0.9), beta2=params.get("beta2", 0.999),
-                    epsilon=params.get("epsilon", 1e-6))
-    raise ValueError(f"model_update_conf: unknown update rule {kind!r}; use naive_conf, momentum_conf, "
-                     "adam_conf, rmsprop_conf, lars_conf, lazy_adam_conf or lamb_conf")
+    if not isinstance(params, dict):
+        raise ValueError(f"model_update_conf: {field}.{kind} must be a dict, got {params!r}")
+    return kind, params
+
+
+def _built(what: str, build: Callable[[], Any]) -> Any:
+    try:
+        return build()
+    except KeyError as missing:
+        raise ValueError(f"model_update_conf: {what} needs {missing}") from None
+
+
+def from_model_update_conf(conf: dict, lr: float) -> Optimizer:
+    """The old style: `config.train.model_update_conf({...})` with `config.train.primary_lr(lr)`.
+    `conf` is OneFlow's NormalModelUpdateOpUserConf as a dict: one update rule (`naive_conf`,
+    `momentum_conf`, `adam_conf`, ...) and, optionally, `learning_rate_decay`, `warmup_conf`,
+    `clip_conf` (`clip_by_global_norm`) and `weight_decay_conf` (`weight_decay_rate`, and `includes`
+    or `excludes` as `{"pattern": [...]}`)."""
+    if not isinstance(conf, dict):
+        raise ValueError(f"model_update_conf: expected a dict, got {conf!r}")
+    rules = [key for key in conf if key in _UPDATE_CONFS]
+    unknown = [key for key in conf if key not in _UPDATE_CONFS and key not in _EXTRAS]
+    if unknown or len(rules) != 1:
+        raise ValueError(f"model_update_conf: expected one update rule ({', '.join(_UPDATE_CONFS)}) and any of "
+                         f"{', '.join(_EXTRAS)}; got the keys {', '.join(map(repr, conf)) or 'none'}")
+    kind = rules[0]
+    warmup_conf = None
+    if "warmup_conf" in conf:
+        warm_kind, warm = _one_of(conf["warmup_conf"], "warmup_conf", _WARMUPS)
+        warmup_conf = _built(f"warmup_conf.{warm_kind}", lambda: _WARMUPS[warm_kind](warm))
+    scheduler: LrScheduler = PiecewiseConstantScheduler([], [float(lr)], warmup=warmup_conf)
+    if "learning_rate_decay" in conf:
+        decay_kind, decay = _one_of(conf["learning_rate_decay"], "learning_rate_decay", _LR_DECAYS)
+        scheduler = _built(f"learning_rate_decay.{decay_kind}", lambda: _LR_DECAYS[decay_kind](lr, decay, warmup_conf))
+    extras: dict[str, Any] = {}
+    if "clip_conf" in conf:
+        _, clip = _one_of(conf["clip_conf"], "clip_conf", {"clip_by_global_norm": None})
+        extras["grad_clipping"] = _built("clip_conf.clip_by_global_norm", lambda: ClipByGlobalNorm(clip["clip_norm"]))
+    if "weight_decay_conf" in conf:
+        decay_conf = conf["weight_decay_conf"]
+        if kind not in _DECAYING_RULES:
+            raise ValueError(f"model_update_conf: flowc applies weight_decay_conf to "
+                             f"{', '.join(_DECAYING_RULES)} only, not to {kind}")
+        extras.update(_weight_decay(decay_conf))
+    return _UPDATE_CONFS[kind](scheduler, conf[kind] or {}, **extras)
+
+
+def _weight_decay(conf: Any) -> dict[str, Any]:
+    """WeightDecayConf: `weight_decay_rate`, and `includes` or `excludes` as `{"pattern": [...]}`."""
+    if not isinstance(conf, dict) or "weight_decay_rate" not in conf or \
+            set(conf) - {"weight_decay_rate", "includes", "excludes"}:
+        raise ValueError(f"model_update_conf: weight_decay_conf takes weight_decay_rate and includes or excludes "
+                         f"({{'pattern': [...]}}), got {conf!r}")
+    out: dict[str, Any] = {"weight_decay": conf["weight_decay_rate"]}
+    for which in ("includes", "excludes"):
+        if which in conf:
+            patterns = conf[which]
+            if not isinstance(patterns, dict) or set(patterns) != {"pattern"}:
+                raise ValueError(f"model_update_conf: weight_decay_conf.{which} must be {{'pattern': [...]}}, "
+                                 f"got {patterns!r}")
+            out[f"weight_decay_{which}"] = patterns["pattern"]
+    return out

@@ -51,12 +51,15 @@ class WatchSpec:
     `kind` is "value" or "diff"; `node` the watched Blob's node; `handler` the user's function,
     called with the value converted as `convert` says ("numpy", "list_numpy" or "blob": the
     old API's LocalBlob, for a handler without annotation); `loc` the user's line that asked.
+    `quiet`: a diff without a gradient is dropped without a warning (a `flow.watch_scope` watches
+    every Blob made inside it, most of which have none).
     """
     kind: str
     node: int
     handler: Any
     convert: str
     loc: str
+    quiet: bool = False
 
 
 @dataclass
@@ -87,6 +90,8 @@ class TraceContext:
     dynamic_inputs: set[int] = field(default_factory=set)   # placeholders of mirrored (dynamic) inputs
     regularizers: dict[str, tuple[float, float]] = field(default_factory=dict)   # variable -> (l1, l2)
     watches: list[WatchSpec] = field(default_factory=list)  # flow.watch / flow.watch_diff, in call order
+    # the flow.watch_scope blocks entered, innermost last: each watches every Blob made inside (`watch_once`)
+    watch_scopes: list[Any] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)     # flow.scope.namespace, outermost first
     function_config: Any = None      # the job's FunctionConfig (flow.current_global_function_desc reads it)
     thread_id: int = field(default_factory=threading.get_ident)   # the thread that traces
@@ -166,7 +171,10 @@ def emit(op: str, inputs: list[Blob] | tuple = (), attrs: dict | None = None, *,
                                   device=ctx.device)
     except ShapeError as err:
         raise TraceError(f"{loc}: {api or op}: {err}") from None
-    return Blob(ctx, node_id)
+    blob = Blob(ctx, node_id)
+    for scope in ctx.watch_scopes:
+        scope.watch_once(blob)
+    return blob
 
 
 def scalar_blob(value: float | int, like: Blob) -> Blob:

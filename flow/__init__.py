@@ -27,13 +27,13 @@ from flow.checkpoint import get_all_variables, load_variables
 from flow import data
 from flow.array_ops import cast, concat, flatten, matmul, reshape, transpose
 from flow.indexing import (assign, broadcast_like, cast_to_current_logical_view, constant, constant_like,
-                           expand_dims, gather, identity, identity_n, masked_fill, one_hot, ones, ones_like, pad,
-                           reshape_like, reverse, slice, slice_update, slice_v2, squeeze, stack, where, zeros,
-                           zeros_like)
+                           constant_scalar, expand_dims, gather, identity, identity_n, masked_fill, one_hot, ones,
+                           ones_like, pad, reshape_like, reverse, slice, slice_update, slice_v2, squeeze, stack, where,
+                           zeros, zeros_like)
 from flow.variables import get_variable
 from flow.math import broadcast_to_compatible_with
 from flow.math import clip_by_value, clip_by_value as clip, clip_by_value as clamp, clip_by_value as clip_by_scalar
-from flow.watch import watch, watch_diff
+from flow.watch import watch, watch_diff, watch_scope
 from flowc.runtime.initializers import (constant_initializer, glorot_normal_initializer, glorot_uniform_initializer,
                                   kaiming_initializer, ones_initializer, random_normal_initializer,
                                   random_uniform_initializer, truncated_normal, truncated_normal_initializer,
@@ -69,9 +69,9 @@ __all__ = [
     # blobs and ops
     "Blob", "cast", "concat", "flatten", "matmul", "reshape", "transpose",
     # sources, views and indexing (flow/indexing.py)
-    "assign", "broadcast_like", "cast_to_current_logical_view", "constant", "constant_like", "expand_dims", "gather",
-    "identity", "identity_n", "masked_fill", "one_hot", "ones", "ones_like", "pad", "reshape_like", "reverse",
-    "slice", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
+    "assign", "broadcast_like", "cast_to_current_logical_view", "constant", "constant_like", "constant_scalar",
+    "expand_dims", "gather", "identity", "identity_n", "masked_fill", "one_hot", "ones", "ones_like", "pad",
+    "reshape_like", "reverse", "slice", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
     "clip_by_value", "clip", "clamp", "clip_by_scalar",     # OneFlow's other names of flow.math.clip_by_value
     # variables, checkpoints and initializers
     "get_variable", "get_all_variables", "load_variables",
@@ -83,7 +83,7 @@ __all__ = [
     "FunctionConfig", "function_config", "global_function", "clear_default_session", "sync_default_session",
     "compile_cache_stats", "fixed_placement", "FixedTensorDef", "MirroredTensorDef", "MirroredTensorListDef",
     # watching values and gradients
-    "watch", "watch_diff",
+    "watch", "watch_diff", "watch_scope",
     # more of OneFlow 0.3's names (flow/more_ops.py, flow/linalg.py, flow/sbp.py, flow/deprecated.py)
     "deprecated", "linalg", "sbp", "in_top_k", "unsorted_batch_segment_sum", "unsorted_segment_sum",
     "unsorted_segment_sum_like", "argsort", "device_prior_placement", "dtypes", "name_scope", "range",

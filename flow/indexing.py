@@ -61,6 +61,18 @@ def constant(value, dtype=None, shape=None, name: str | None = None) -> Blob:
                                  "dtype": _dtype(dtype, "float32", api)}, name=name or "", api=api)
 
 
+def constant_scalar(value, dtype=None, name: str | None = None) -> Blob:
+    """`flow.constant_scalar(value, dtype=None)`: `value` as a Blob of shape (1,), OneFlow's
+    `flow.constant(value, dtype, shape=[1])`.
+
+    Example:
+        std = flow.constant_scalar(0.5, dtype=flow.float32)
+    """
+    api = "flow.constant_scalar"
+    return emit("constant", [], {"value": _number(value, api, "value"), "shape": (1,),
+                                 "dtype": _dtype(dtype, "float32", api)}, name=name or "", api=api)
+
+
 def constant_like(like, value, dtype=None, name: str | None = None) -> Blob:
     """`flow.constant_like(like, value, dtype=None)`: `value` in the shape (and by default dtype) of `like`.
 

@@ -109,7 +109,9 @@ UNSUPPORTED: dict[str, str] = {
     **{f"quantization.{name}": _QUANTIZATION for name in ("fake_quantization", "min_max_observer",
                                                          "moving_average_min_maxObserver")},
     **{f"unittest.{name}": _UNITTEST for name in (
-        "num_nodes_required", "register_test_cases", "TestCase", "TestCase_1n1d", "env.eager_execution_enabled",
+        "num_nodes_required", "register_test_cases", "TestCase", "TestCase_1n1d", "skip_unless_1n1d",
+        "skip_unless_1n2d", "skip_unless_1n4d", "skip_unless_2n1d", "skip_unless_2n2d", "skip_unless_2n4d",
+        "env.eager_execution_enabled",
         "env.gpu_device_num", "env.has_node_list", "env.node_list", "env.node_size", "env.typing_check_enabled")},
     **{f"image.{name}": _IMAGE for name in (
         "Resize", "resize", "CropMirrorNormalize", "crop_mirror_normalize", "decode", "target_resize",

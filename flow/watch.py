@@ -20,9 +20,10 @@ trainable variable (a placeholder, say), never calls its handler; flowc says so 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import typing
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from flowc.compiler.errors import TraceError
 from flowc.compiler.trace import Blob, WatchSpec, current, user_location
 from flowc.runtime.signature import ListNumpy, Numpy
 
-__all__ = ["watch", "watch_diff"]
+__all__ = ["watch", "watch_diff", "watch_scope"]
 
 
 def watch(blob_watched: Blob, handler_or_prompt: Callable[[Any], None] | str | None = None) -> None:
@@ -60,6 +61,68 @@ def watch_diff(blob_watched: Blob, handler_or_prompt: Callable[[Any], None] | st
             return y
     """
     _register("diff", "flow.watch_diff", blob_watched, handler_or_prompt)
+
+
+@contextlib.contextmanager
+def watch_scope(blob_watcher: dict | Callable | None = None,
+                diff_blob_watcher: dict | Callable | None = None) -> Iterator[None]:
+    """`with flow.watch_scope(blob_watcher, diff_blob_watcher):` watches the value (and the gradient)
+    of every Blob made inside the block, as `flow.watch` / `flow.watch_diff` would, once each.  A dict
+    receives `{"<op name>/out": {"blob": value, "blob_def": blob}}` after each step (the value a
+    LocalBlob: `.numpy()`; two ops of one name: the second is keyed by its `logical_blob_name`); a
+    function is called as `f(value, blob)`.  Gradients come only for the
+    Blobs the loss reaches through a trainable variable; the others are left out without a warning.
+
+    Example:
+        values, diffs = {}, {}
+        with flow.watch_scope(values, diffs):
+            hidden = flow.layers.dense(x, 8, activation=flow.nn.relu, name="fc1")
+    """
+    ctx = current("flow.watch_scope")
+    scope = _WatchScope(ctx, _watcher(blob_watcher, "blob_watcher"), _watcher(diff_blob_watcher, "diff_blob_watcher"))
+    ctx.watch_scopes.append(scope)
+    try:
+        yield
+    finally:
+        ctx.watch_scopes.remove(scope)
+
+
+def _watcher(watcher: Any, arg: str) -> dict | Callable | None:
+    if watcher is not None and not isinstance(watcher, dict) and not callable(watcher):
+        raise TraceError(f"{user_location()}: flow.watch_scope: {arg} must be a dict, a function or None, got "
+                         f"{type(watcher).__name__}")
+    return watcher
+
+
+class _WatchScope:
+    """One `flow.watch_scope` block: the trace calls `watch_once` with every Blob made inside it."""
+
+    def __init__(self, ctx, blob_watcher: dict | Callable | None, diff_blob_watcher: dict | Callable | None) -> None:
+        self.ctx, self.blob_watcher, self.diff_blob_watcher = ctx, blob_watcher, diff_blob_watcher
+        self.keys: dict[int, str] = {}        # Blob id -> its key in the dicts
+
+    def watch_once(self, blob: Blob) -> None:
+        if blob.id in self.keys or blob.ctx is not self.ctx:
+            return
+        key = f"{blob.op_name}/out"               # OneFlow's unique_name: the op's name and its output's
+        self.keys[blob.id] = blob.logical_blob_name if key in self.keys.values() else key
+        loc = user_location()
+        for kind, watcher in (("value", self.blob_watcher), ("diff", self.diff_blob_watcher)):
+            if watcher is not None:
+                handler = _deliver(watcher, blob, self.keys[blob.id])
+                self.ctx.watches.append(WatchSpec(kind, blob.id, handler, "blob", loc, quiet=True))
+
+
+def _deliver(watcher: dict | Callable, blob: Blob, key: str) -> Callable[[Any], None]:
+    """OneFlow's callback of a watch scope: store the value under `key`, or call f(value, blob)."""
+    if isinstance(watcher, dict):
+        def store(value: Any) -> None:
+            watcher[key] = {"blob": value, "blob_def": blob}
+        return store
+
+    def call(value: Any) -> None:
+        watcher(value, blob)
+    return call
 
 
 def _register(kind: str, api: str, blob: Any, handler_or_prompt: Any) -> None:

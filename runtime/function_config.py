@@ -190,7 +190,8 @@ _TABLE: list[tuple[str, str, Callable[[str, Any], Any], str]] = [
     ("train.primary_lr", IMPLEMENTED, _number,
      "the learning rate of the old training style (flow.losses.add_loss)"),
     ("train.model_update_conf", IMPLEMENTED, _update_conf,
-     "the update rule of the old training style: naive_conf, momentum_conf or adam_conf"),
+     "the update rule of the old training style (naive_conf, momentum_conf, adam_conf, rmsprop_conf, lars_conf, "
+     "lazy_adam_conf, lamb_conf) and OneFlow's learning_rate_decay, warmup_conf, clip_conf and weight_decay_conf"),
     ("enable_auto_mixed_precision", IMPLEMENTED, _bool,
      "OneFlow's AMP rewrite (compiler/passes/mixed_precision.py): matmuls and the ops between them in "
      "float16, float32 master weights; pair it with flow.optimizer.loss_scale.dynamic_loss_scale()"),

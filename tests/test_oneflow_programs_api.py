@@ -323,3 +323,49 @@ def test_the_activation_names_oneflows_model_files_import():
     assert (op_conf_util.kNone, op_conf_util.kTanH, op_conf_util.kSigmoid, op_conf_util.kRelu) == (0, 1, 2, 3)
     with pytest.raises(AttributeError, match="only OneFlow's ActivationType values.*'OperatorConf'"):
         op_conf_util.OperatorConf()
+
+
+def test_constant_scalar_is_a_blob_of_shape_1():
+    @flow.global_function()
+    def scaled(x: tp.Numpy.Placeholder((3,))) -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        return x * flow.constant_scalar(2.5, dtype=flow.float32, name="std"), flow.constant_scalar(7, dtype=flow.int32)
+    product, seven = scaled(np.array([1, 2, 3], np.float32))
+    np.testing.assert_array_equal(product, [2.5, 5.0, 7.5])
+    assert seven.shape == (1,) and seven.dtype == np.int32 and seven[0] == 7
+
+
+def test_watch_scope_watches_every_blob_made_inside_it():
+    # oneflow-documentation's test_watch_scope.py: a dict of values and a dict of gradients
+    values, diffs, called = {}, {}, []
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((4, 3))) -> tp.Numpy:
+        with flow.watch_scope(values, diffs):
+            hidden = flow.math.tanh(flow.layers.dense(x, 2, name="fc",
+                                                      kernel_initializer=flow.random_normal_initializer(seed=1)),
+                                    name="act")
+        with flow.watch_scope(lambda value, blob: called.append((blob.op_name, value.numpy().shape))):
+            loss = flow.math.reduce_mean(hidden * hidden, name="loss")
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(loss)
+        return loss
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    train(x)
+    weight = flow.get_all_variables()["fc-weight"].numpy()
+    act = values["act/out"]["blob"].numpy()
+    np.testing.assert_allclose(act, np.tanh(x @ weight.T), rtol=1e-5, atol=1e-6)    # the bias starts at 0
+    assert values["act/out"]["blob_def"].op_name == "act"
+    assert set(values) == set(diffs) and {"fc-weight/out", "act/out"} <= set(values)
+    # d mean(h^2) / dh with the backward pass seeded with ones: 2h / 8
+    np.testing.assert_allclose(diffs["act/out"]["blob"].numpy(), 2 * act / act.size, rtol=1e-5, atol=1e-7)
+    # the function saw the ops of the second block only: the square, the named sum, the mean of shape (1,)
+    assert called[0][1] == (4, 2) and ("loss", ()) in called and called[-1][1] == (1,)
+    assert all(name != "act" for name, _ in called)
+
+
+def test_watch_scope_takes_a_dict_or_a_function():
+    @flow.global_function()
+    def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        with flow.watch_scope(["not", "a", "dict"]):
+            return x * 2.0
+    with pytest.raises(TraceError, match="blob_watcher must be a dict, a function or None, got list"):
+        job(np.ones(3, np.float32))

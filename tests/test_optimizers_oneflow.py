@@ -486,6 +486,60 @@ def test_old_style_model_update_confs(conf, rule, hp):
     assert_values(values, oneflow_training(rule, hp, lambda t: 0.05, STEPS), 2e-5, rule)
 
 
+def _old_style_job(conf, lr=0.05):
+    config = flow.function_config()
+    config.train.primary_lr(lr)
+    config.train.model_update_conf(conf)
+
+    def old_style(x: tp.Numpy.Placeholder((N, IN)), y: tp.Numpy.Placeholder((N, OUT))) -> tp.Numpy:
+        loss = per_sample_loss(x, y)
+        flow.losses.add_loss(loss)
+        return loss
+    return flow.global_function(type="train", function_config=config)(old_style)
+
+
+def test_old_style_extras_decay_warm_up_clip_and_decay_weights():
+    # OneFlow-Benchmark's BERT (optimizer_util.gen_model_update_conf): the NormalModelUpdateOpUserConf extras
+    conf = {"adam_conf": {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3},
+            "learning_rate_decay": {"polynomial_conf": {"decay_batches": 5, "end_learning_rate": 0.01, "power": 2.0}},
+            "warmup_conf": {"linear_conf": {"warmup_batches": 2, "start_multiplier": 0.25}},
+            "clip_conf": {"clip_by_global_norm": {"clip_norm": 0.05}},
+            "weight_decay_conf": {"weight_decay_rate": 0.3, "excludes": {"pattern": ["^b$"]}}}
+
+    def lr(t):      # OneFlow's kernel: the linear warmup from the primary lr, then the polynomial decay
+        if t < 2:
+            return 0.05 * (0.25 + 0.75 * t / 2)
+        return (0.05 - 0.01) * (1 - min(t, 5) / 5) ** 2 + 0.01
+    _, values = reference_training(_old_style_job(conf), STEPS)
+    hp = {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3, "weight_decay": 0.3, "decayed": ("w",)}
+    assert_values(values, oneflow_training("adam", hp, lr, STEPS, clip=0.05), 2e-5, "adam with extras")
+
+
+def test_old_style_momentum_with_piecewise_values_and_decay_of_named_weights():
+    conf = {"momentum_conf": {"beta": 0.7},
+            "learning_rate_decay": {"piecewise_constant_conf": {"boundaries": [1], "values": [0.2, 0.02]}},
+            "warmup_conf": {"constant_conf": {"warmup_batches": 1, "multiplier": 0.5}},
+            "weight_decay_conf": {"weight_decay_rate": 0.1, "includes": {"pattern": ["w"]}}}
+    # step 0: the warmup, from the primary lr (0.05); step 1: values[0] (boundaries are inclusive); then values[1]
+    _, values = reference_training(_old_style_job(conf), STEPS)
+    expected = oneflow_training("momentum", {"momentum": 0.7, "weight_decay": 0.1, "decayed": ("w",)},
+                                lambda t: 0.025 if t == 0 else (0.2 if t <= 1 else 0.02), STEPS)
+    assert_values(values, expected, 2e-5, "momentum with extras")
+
+
+@pytest.mark.parametrize("conf, message", [
+    ({"adam_conf": {}, "warmup": {}}, "got the keys 'adam_conf', 'warmup'"),
+    ({"rmsprop_conf": {}, "weight_decay_conf": {"weight_decay_rate": 0.1}}, "not to rmsprop_conf"),
+    ({"naive_conf": {}, "learning_rate_decay": {"polynomial_conf": {}}}, "polynomial_conf needs 'decay_batches'"),
+    ({"naive_conf": {}, "learning_rate_decay": {"step_conf": {}}}, "learning_rate_decay must be a dict of one of"),
+    ({"naive_conf": {}, "weight_decay_conf": {"weight_decay_rate": 0.1, "excludes": ["b"]}},
+     "excludes must be {'pattern': \\[...\\]}"),
+], ids=["unknown key", "decay of rmsprop", "missing field", "unknown decay", "bare pattern list"])
+def test_old_style_extras_name_what_is_wrong(conf, message):
+    with pytest.raises(ValueError, match=message):
+        reference_training(_old_style_job(conf), 1)
+
+
 def test_optimizer_variables_argument_limits_the_update():
     job = make_job("only_w", lambda: flow.optimizer.SGD(const_lr(0.1), momentum=0, variables=["w"]))
     graph, values = reference_training(job, 2)
