@@ -120,7 +120,65 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     Example:
         y = flow.layers.batch_normalization(conv1, axis=1, name="bn1")
     """
-    api = "flow.layers.batch_normalization"
+    return _batch_norm_layer("flow.layers.batch_normalization", inputs, axis, momentum, epsilon, center, scale,
+                             beta_initializer, gamma_initializer, beta_regularizer, gamma_regularizer,
+                             moving_mean_initializer, moving_variance_initializer, trainable, training, name)
+
+
+def batch_normalization_add_relu(inputs, addend=None, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
+                                 center: bool = True, scale: bool = True, beta_initializer=None,
+                                 gamma_initializer=None, beta_regularizer=None, gamma_regularizer=None,
+                                 moving_mean_initializer=None, moving_variance_initializer=None,
+                                 trainable: bool = True, training: bool = True, name: str = "BatchNorm",
+                                 gamma_name: str | None = None, beta_name: str | None = None,
+                                 moving_mean_name: str | None = None, moving_variance_name: str | None = None
+                                 ) -> Blob:
+    """`flow.layers.batch_normalization_add_relu`: relu(batch_normalization(inputs) + addend), OneFlow's
+    fused layer, computed as its unfused form (what OneFlow itself runs on the CPU).  `gamma_name`,
+    `beta_name`, `moving_mean_name`, `moving_variance_name` name the variables instead of
+    `<name>-gamma`, ...; `addend=None` leaves out the sum.
+
+    Example:
+        y = flow.layers.batch_normalization_add_relu(conv2, addend=shortcut, axis=1, name="bn2")
+    """
+    from flow import nn
+    api = "flow.layers.batch_normalization_add_relu"
+    names = {"gamma": gamma_name, "beta": beta_name, "moving_mean": moving_mean_name,
+             "moving_variance": moving_variance_name}
+    out = _batch_norm_layer(api, inputs, axis, momentum, epsilon, center, scale, beta_initializer, gamma_initializer,
+                            beta_regularizer, gamma_regularizer, moving_mean_initializer, moving_variance_initializer,
+                            trainable, training, name, names)
+    if addend is not None:
+        addend = check_blob(addend, api, "addend")
+        if addend.shape != out.shape:
+            raise TraceError(f"{user_location()}: {api}: addend of shape {list(addend.shape)} must have the shape of "
+                             f"inputs, {list(out.shape)}")
+        out = out + addend
+    return nn.relu(out)
+
+
+def batch_normalization_relu(inputs, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
+                             center: bool = True, scale: bool = True, beta_initializer=None, gamma_initializer=None,
+                             beta_regularizer=None, gamma_regularizer=None, moving_mean_initializer=None,
+                             moving_variance_initializer=None, trainable: bool = True, training: bool = True,
+                             name: str = "BatchNorm") -> Blob:
+    """`flow.layers.batch_normalization_relu`: relu(batch_normalization(inputs)), OneFlow's fused layer.
+
+    Example:
+        y = flow.layers.batch_normalization_relu(conv1, axis=1, name="bn1")
+    """
+    return batch_normalization_add_relu(inputs, None, axis, momentum, epsilon, center, scale, beta_initializer,
+                                        gamma_initializer, beta_regularizer, gamma_regularizer,
+                                        moving_mean_initializer, moving_variance_initializer, trainable, training,
+                                        name)
+
+
+def _batch_norm_layer(api: str, inputs, axis: int, momentum: float, epsilon: float, center: bool, scale: bool,
+                      beta_initializer, gamma_initializer, beta_regularizer, gamma_regularizer, moving_mean_initializer,
+                      moving_variance_initializer, trainable: bool, training: bool, name: str | None,
+                      names: dict[str, str | None] | None = None) -> Blob:
+    """The batch-norm layers' variables (`<name>-<role>`, or the name `names[role]` gives), then
+    `_normalize`."""
     x = check_blob(inputs, api, "inputs")
     ctx = current(api)
     rank = len(x.shape)
@@ -129,20 +187,19 @@ def batch_normalization(inputs, axis: int = -1, momentum: float = 0.99, epsilon:
     axis %= rank
     channels = x.shape[axis]
     name = name or ctx.unique_name("BatchNorm")
-    mm_var = get_variable(f"{name}-moving_mean", shape=(channels,), dtype=x.dtype, trainable=False,
-                          initializer=moving_mean_initializer or initializers.zeros_initializer())
-    mv_var = get_variable(f"{name}-moving_variance", shape=(channels,), dtype=x.dtype, trainable=False,
-                          initializer=moving_variance_initializer or initializers.ones_initializer())
+
+    def variable(role: str, initializer, regularizer=None, trainable: bool = trainable) -> Blob:
+        given = (names or {}).get(role)
+        return get_variable(given or f"{name}-{role}", shape=(channels,), dtype=x.dtype, initializer=initializer,
+                            regularizer=regularizer, trainable=trainable)
+    mm_var = variable("moving_mean", moving_mean_initializer or initializers.zeros_initializer(), trainable=False)
+    mv_var = variable("moving_variance", moving_variance_initializer or initializers.ones_initializer(),
+                      trainable=False)
     training = ctx.job_type == "train" and training and trainable   # OneFlow: trainable=False never trains
-    gamma = beta = None
-    if scale:
-        gamma = get_variable(f"{name}-gamma", shape=(channels,), dtype=x.dtype,
-                             initializer=gamma_initializer or initializers.ones_initializer(),
-                             regularizer=gamma_regularizer, trainable=trainable)
-    if center:
-        beta = get_variable(f"{name}-beta", shape=(channels,), dtype=x.dtype,
-                            initializer=beta_initializer or initializers.zeros_initializer(),
-                            regularizer=beta_regularizer, trainable=trainable)
+    gamma = variable("gamma", gamma_initializer or initializers.ones_initializer(), gamma_regularizer) if scale \
+        else None
+    beta = variable("beta", beta_initializer or initializers.zeros_initializer(), beta_regularizer) if center \
+        else None
     return _normalize(x, axis, momentum, epsilon, gamma, beta, mm_var, mv_var, training, name, api)
 
 

@@ -369,3 +369,39 @@ def test_watch_scope_takes_a_dict_or_a_function():
             return x * 2.0
     with pytest.raises(TraceError, match="blob_watcher must be a dict, a function or None, got list"):
         job(np.ones(3, np.float32))
+
+
+def test_batch_normalization_add_relu_against_numpy_in_train_and_predict_jobs():
+    # SCNet's default (fuse_bn_relu, fuse_bn_add_relu): OneFlow's fused layers, computed unfused
+    addend = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((2, 3, 4, 5)), a: tp.Numpy.Placeholder((2, 3, 4, 5))) \
+            -> typing.Tuple[tp.Numpy, tp.Numpy]:
+        added = flow.layers.batch_normalization_add_relu(x, a, axis=1, momentum=0.9, epsilon=1e-3, name="bn",
+                                                        gamma_name="my_gamma")
+        alone = flow.layers.batch_normalization_relu(x * 2.0, axis=1, name="bn2")
+        loss = flow.math.reduce_mean(added) + flow.math.reduce_mean(alone)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(loss)
+        return added, alone
+
+    @flow.global_function()
+    def predict(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> tp.Numpy:
+        return flow.layers.batch_normalization_relu(x, axis=1, name="bn2", training=False)
+
+    added, alone = train(X, addend)
+    axes_ = (0, 2, 3)
+
+    def normalized(v):
+        return (v - v.mean(axis=axes_, keepdims=True)) / np.sqrt(v.var(axis=axes_, keepdims=True) + 1e-3)
+    np.testing.assert_allclose(added, np.maximum(normalized(X) + addend, 0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(alone, np.maximum(normalized(2 * X), 0), rtol=1e-4, atol=1e-5)
+    names = set(flow.get_all_variables())
+    assert {"my_gamma", "bn-beta", "bn-moving_mean", "bn-moving_variance", "bn2-gamma"} <= names
+    assert "bn-gamma" not in names
+    # predict: the moving statistics, one momentum-0.99 step from (0, 1)
+    count = X.size // 3
+    mean = 0.01 * (2 * X).mean(axis=axes_)
+    variance = 0.99 + 0.01 * (2 * X).var(axis=axes_) * count / (count - 1)
+    want = np.maximum((X - mean.reshape(1, 3, 1, 1)) / np.sqrt(variance.reshape(1, 3, 1, 1) + 1e-3), 0)
+    np.testing.assert_allclose(predict(X), want, rtol=1e-4, atol=1e-5)
