@@ -8,6 +8,7 @@ from flowc.compiler.trace import Blob, current, emit, user_location
 from flow._ops import check_blob
 from flow.variables import get_variable
 from flow.upsample import upsample_2d  # noqa: F401 - OneFlow has it under flow.layers
+from flow.conv3d import conv3d_layer as conv3d  # noqa: F401 - OneFlow has it under flow.layers
 from flowc.runtime import initializers
 
 

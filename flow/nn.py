@@ -6,6 +6,9 @@ from flowc.compiler.trace import Blob, current, emit, user_location
 from flow._fused_softmax import scale_mask_softmax
 from flow._ops import along_last_axis, check_blob, from_nchw, pair, spatial_pads, to_nchw
 from flow.math import relu as _relu
+from flow.conv3d import conv3d  # noqa: F401 - OneFlow has it under flow.nn
+from flow.instance_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d  # noqa: F401 - OneFlow's names
+from flow.pixel_shuffle import PixelShuffle, PixelShufflev2  # noqa: F401 - OneFlow has them under flow.nn
 
 
 def relu(x, name: str | None = None) -> Blob:
