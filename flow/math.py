@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowc.compiler.errors import TraceError
-from flowc.compiler.trace import Blob, as_blob, emit, user_location
+from flowc.compiler.trace import Blob, as_blob, emit, scalar_blob, user_location
 from flow._ops import along_last_axis, axes, check_blob
 
 
@@ -44,19 +44,28 @@ negative = _unary("negative", "flow.math.negative")
 relu = _unary("relu", "flow.math.relu")
 
 
-def _at_least_1d(value: Blob, api: str) -> Blob:
+def _at_least_1d(value: Blob, api: str, name: str | None = None) -> Blob:
     """OneFlow 0.3 has no 0-d blobs: a reduction over every axis gives shape (1,) (its Shape::RemoveOnes
-    keeps one axis), so programs index it (`loss[0]`) and concatenate such results."""
+    keeps one axis), so programs index it (`loss[0]`) and concatenate such results.  `name` names the
+    view when there is one (see `_names`)."""
     if value.shape:
         return value
-    return emit("reshape", [value], {"shape": (1,)}, api=api)
+    return emit("reshape", [value], {"shape": (1,)}, name=name or "", api=api)
+
+
+def _names(x: Blob, ax, keepdims: bool, name: str | None) -> tuple[str, str | None]:
+    """(the reduction's op name, the (1,) view's): the user's name goes to the op whose Blob is returned,
+    the view when the reduction gives one value, as OneFlow's one op carries it."""
+    whole = not keepdims and len(ax) == len(x.shape)
+    return ("", name) if whole else (name or "", None)
 
 
 def _reduce(op: str, api: str, argument: str, x, axis, keepdims: bool, name: str | None) -> Blob:
     x, ax = _reduce_args(x, axis, api, argument)
     if not ax:
         return x
-    return _at_least_1d(emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api), api)
+    inner, outer = _names(x, ax, keepdims, name)
+    return _at_least_1d(emit(op, [x], {"axes": ax, "keepdims": bool(keepdims)}, name=inner, api=api), api, outer)
 
 
 def _reduction(op: str, api: str):
@@ -101,8 +110,11 @@ def reduce_mean(input_tensor, axis=None, keepdims: bool = False, name: str | Non
     count = 1
     for a in ax:
         count *= x.shape[a]
-    total = reduce_sum(x, ax, keepdims, name)
-    return total * (1.0 / count) if count else total
+    if not count:
+        return reduce_sum(x, ax, keepdims, name)
+    total = reduce_sum(x, ax, keepdims)
+    # the result, not the sum inside it, carries the name (`op_name`, watch scopes), as OneFlow's one op does
+    return emit("multiply", [total, scalar_blob(1.0 / count, total)], name=name or "", api="flow.math.reduce_mean")
 
 
 def gelu(x, name: str | None = None) -> Blob:
@@ -254,8 +266,9 @@ def _any_all(op: str, api: str):
         nonzero = emit("not_equal", [blob, as_blob(0, blob, api)], api=api)
         if not ax:
             return nonzero
-        return _at_least_1d(emit(op, [nonzero], {"axes": ax, "keepdims": bool(keepdims)}, name=name or "", api=api),
-                            api)
+        inner, outer = _names(blob, ax, keepdims, name)
+        return _at_least_1d(emit(op, [nonzero], {"axes": ax, "keepdims": bool(keepdims)}, name=inner, api=api),
+                            api, outer)
     fn.__name__ = api.rsplit(".", 1)[-1]
     fn.__doc__ = (f"`{api}(x, axis=None, keepdims=False)`: int8 1 where {'any' if op == 'reduce_max' else 'every'} "
                   f"element along `axis` is non-zero (NaN counts as non-zero, as in NumPy), else 0.\n\n"
@@ -277,7 +290,8 @@ def reduce_euclidean_norm(input_tensor, axis=None, keepdims: bool = False, name:
     x, ax = _reduce_args(input_tensor, axis, api)
     squares = emit("square", [x], api=api)
     total = emit("reduce_sum", [squares], {"axes": ax, "keepdims": bool(keepdims)}, api=api) if ax else squares
-    return _at_least_1d(emit("sqrt", [total], name=name or "", api=api), api)
+    inner, outer = _names(x, ax, keepdims, name)
+    return _at_least_1d(emit("sqrt", [total], name=inner, api=api), api, outer)
 
 
 def reduce_logsumexp(input_tensor, axis=None, keepdims: bool = False, name: str | None = None) -> Blob:

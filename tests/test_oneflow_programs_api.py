@@ -357,8 +357,8 @@ def test_watch_scope_watches_every_blob_made_inside_it():
     assert set(values) == set(diffs) and {"fc-weight/out", "act/out"} <= set(values)
     # d mean(h^2) / dh with the backward pass seeded with ones: 2h / 8
     np.testing.assert_allclose(diffs["act/out"]["blob"].numpy(), 2 * act / act.size, rtol=1e-5, atol=1e-7)
-    # the function saw the ops of the second block only: the square, the named sum, the mean of shape (1,)
-    assert called[0][1] == (4, 2) and ("loss", ()) in called and called[-1][1] == (1,)
+    # the function saw the ops of the second block only: the square, the sum, the mean, named as asked
+    assert called[0][1] == (4, 2) and called[-1] == ("loss", (1,))
     assert all(name != "act" for name, _ in called)
 
 
@@ -405,3 +405,19 @@ def test_batch_normalization_add_relu_against_numpy_in_train_and_predict_jobs():
     variance = 0.99 + 0.01 * (2 * X).var(axis=axes_) * count / (count - 1)
     want = np.maximum((X - mean.reshape(1, 3, 1, 1)) / np.sqrt(variance.reshape(1, 3, 1, 1) + 1e-3), 0)
     np.testing.assert_allclose(predict(X), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_named_reduction_returns_the_blob_of_that_name():
+    # OneFlow's reduce_* is one op: the Blob it returns is the named one, also when the result is one value
+    names = {}
+
+    @flow.global_function()
+    def named(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        m = flow.math
+        for blob in (m.reduce_sum(x, name="total"), m.reduce_mean(x, name="mean"), m.reduce_mean(x, axis=1, name="rows"),
+                     m.reduce_any(x, name="any"), m.reduce_euclidean_norm(x, axis=[0, 1], name="norm"),
+                     m.reduce_sum(x, axis=0, keepdims=True, name="kept")):
+            names[blob.op_name] = blob.shape
+        return x
+    named(np.ones((2, 3), np.float32))
+    assert names == {"total": (1,), "mean": (1,), "rows": (2,), "any": (1,), "norm": (1,), "kept": (1, 3)}
