@@ -414,8 +414,9 @@ def test_a_named_reduction_returns_the_blob_of_that_name():
     @flow.global_function()
     def named(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
         m = flow.math
-        for blob in (m.reduce_sum(x, name="total"), m.reduce_mean(x, name="mean"), m.reduce_mean(x, axis=1, name="rows"),
-                     m.reduce_any(x, name="any"), m.reduce_euclidean_norm(x, axis=[0, 1], name="norm"),
+        for blob in (m.reduce_sum(x, name="total"), m.reduce_mean(x, name="mean"),
+                     m.reduce_mean(x, axis=1, name="rows"), m.reduce_any(x, name="any"),
+                     m.reduce_euclidean_norm(x, axis=[0, 1], name="norm"),
                      m.reduce_sum(x, axis=0, keepdims=True, name="kept")):
             names[blob.op_name] = blob.shape
         return x
