@@ -86,8 +86,7 @@ UNSUPPORTED: dict[str, str] = {
                                      "same_padding", "sleep_identity", "math.reduced_shape_elem_cnt")},
     **{name: _NOT_YET for name in (
         "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "ctc_loss",
-        "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag", "dim_gather", "gather_nd", "scatter_nd",
-        "tensor_scatter_nd_add", "tensor_scatter_nd_update",
+        "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag",
         "nn.random_mask_like", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
         "elem_cnt", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},
