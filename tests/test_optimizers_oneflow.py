@@ -463,29 +463,6 @@ def test_add_loss_twice_adds_the_gradients():
     assert_values(values, oneflow_training("sgd", {}, lambda t: 0.1, STEPS, two_losses=True), 2e-5, "add_loss x2")
 
 
-@pytest.mark.parametrize("conf, rule, hp", [
-    ({"rmsprop_conf": {"decay_rate": 0.9, "epsilon": 1e-4, "centered": True}}, "rmsprop",
-     {"decay_rate": 0.9, "epsilon": 1e-4, "centered": True}),
-    ({"lars_conf": {"momentum_beta": 0.8, "lars_coefficient": 0.1}}, "lars",
-     {"momentum_beta": 0.8, "epsilon": 1e-9, "lars_coefficient": 0.1}),
-    ({"lazy_adam_conf": {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3}}, "lazy_adam",
-     {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3}),
-    ({"lamb_conf": {"beta1": 0.8, "beta2": 0.9}}, "lamb", {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-6}),
-], ids=["rmsprop_conf", "lars_conf", "lazy_adam_conf", "lamb_conf"])
-def test_old_style_model_update_confs(conf, rule, hp):
-    config = flow.function_config()
-    config.train.primary_lr(0.05)
-    config.train.model_update_conf(conf)
-
-    def old_style(x: tp.Numpy.Placeholder((N, IN)), y: tp.Numpy.Placeholder((N, OUT))) -> tp.Numpy:
-        loss = per_sample_loss(x, y)
-        flow.losses.add_loss(loss)
-        return loss
-    job = flow.global_function(type="train", function_config=config)(old_style)
-    _, values = reference_training(job, STEPS)
-    assert_values(values, oneflow_training(rule, hp, lambda t: 0.05, STEPS), 2e-5, rule)
-
-
 def _old_style_job(conf, lr=0.05):
     config = flow.function_config()
     config.train.primary_lr(lr)
@@ -496,6 +473,20 @@ def _old_style_job(conf, lr=0.05):
         flow.losses.add_loss(loss)
         return loss
     return flow.global_function(type="train", function_config=config)(old_style)
+
+
+@pytest.mark.parametrize("conf, rule, hp", [
+    ({"rmsprop_conf": {"decay_rate": 0.9, "epsilon": 1e-4, "centered": True}}, "rmsprop",
+     {"decay_rate": 0.9, "epsilon": 1e-4, "centered": True}),
+    ({"lars_conf": {"momentum_beta": 0.8, "lars_coefficient": 0.1}}, "lars",
+     {"momentum_beta": 0.8, "epsilon": 1e-9, "lars_coefficient": 0.1}),
+    ({"lazy_adam_conf": {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3}}, "lazy_adam",
+     {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-3}),
+    ({"lamb_conf": {"beta1": 0.8, "beta2": 0.9}}, "lamb", {"beta1": 0.8, "beta2": 0.9, "epsilon": 1e-6}),
+], ids=["rmsprop_conf", "lars_conf", "lazy_adam_conf", "lamb_conf"])
+def test_old_style_model_update_confs(conf, rule, hp):
+    _, values = reference_training(_old_style_job(conf), STEPS)
+    assert_values(values, oneflow_training(rule, hp, lambda t: 0.05, STEPS), 2e-5, rule)
 
 
 def test_old_style_extras_decay_warm_up_clip_and_decay_weights():
