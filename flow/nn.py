@@ -442,7 +442,12 @@ def conv2d_transpose(value=None, filter=None, output_shape=None, strides=None, p
 
 
 def _sequence(value, n: int, api: str, arg: str) -> tuple[int, ...]:
-    """An int, or a sequence of 1 or n ints (OneFlow's ksize and strides)."""
+    """An int, or a sequence of 1 or n ints (OneFlow's ksize and strides); None is 1 on every axis, as
+    OneFlow's `_GetSequence` makes it (AP3D's 3-D pools pass strides=None)."""
+    if value is None:
+        return (1,) * n
+    if not isinstance(value, (int, list, tuple)):
+        raise TraceError(f"{user_location()}: {api}: {arg} must be a positive int or {n} of them, got {value!r}")
     items = [value] if isinstance(value, int) else list(value)
     if len(items) == 1:
         items = items * n

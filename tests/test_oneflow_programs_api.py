@@ -422,3 +422,15 @@ def test_a_named_reduction_returns_the_blob_of_that_name():
         return x
     named(np.ones((2, 3), np.float32))
     assert names == {"total": (1,), "mean": (1,), "rows": (2,), "any": (1,), "norm": (1,), "kept": (1, 3)}
+
+
+def test_pool3d_strides_none_is_one_on_every_axis():
+    # AP3D's NonLocal block: flow.nn.max_pool3d(..., ksize=[1, 2, 2], strides=None); OneFlow's _GetSequence: 1
+    x = np.arange(32, dtype=np.float32).reshape(1, 1, 2, 4, 4)
+
+    @flow.global_function()
+    def pool(x: tp.Numpy.Placeholder((1, 1, 2, 4, 4))) -> tp.Numpy:
+        return flow.nn.max_pool3d(x, ksize=[1, 2, 2], strides=None, padding="VALID", data_format="NCDHW")
+    got = pool(x)
+    want = np.maximum(np.maximum(x[..., :-1, :-1], x[..., 1:, :-1]), np.maximum(x[..., :-1, 1:], x[..., 1:, 1:]))
+    np.testing.assert_array_equal(got, want)
