@@ -45,6 +45,7 @@ from flow import deprecated, linalg, sbp
 from flow.math import in_top_k, unsorted_batch_segment_sum, unsorted_segment_sum, unsorted_segment_sum_like
 from flow.margin_loss import combined_margin_loss
 from flow.nd_indexing import dim_gather, gather_nd, scatter_nd, tensor_scatter_nd_add, tensor_scatter_nd_update
+from flow.pad2d import constant_pad2d, reflection_pad2d, replication_pad2d
 from flow.user_ops import consistent_user_op_builder, user_op_builder
 from flow.more_ops import (argsort, current_global_function_desc, device_prior_placement, dtypes, name_scope,
                            parallel_cast, range, smooth_l1_loss, sort)
@@ -72,8 +73,9 @@ __all__ = [
     # sources, views and indexing (flow/indexing.py)
     "assign", "broadcast_like", "cast_to_current_logical_view", "constant", "constant_like", "constant_scalar",
     "expand_dims", "gather", "identity", "identity_n", "masked_fill", "one_hot", "ones", "ones_like", "pad",
-    "reshape_like", "reverse", "slice", "gather_nd", "scatter_nd", "tensor_scatter_nd_add", "tensor_scatter_nd_update",
-    "dim_gather", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
+    "reshape_like", "reverse", "slice", "slice_update", "slice_v2", "squeeze", "stack", "where", "zeros", "zeros_like",
+    "gather_nd", "scatter_nd", "tensor_scatter_nd_add", "tensor_scatter_nd_update", "dim_gather",
+    "constant_pad2d", "reflection_pad2d", "replication_pad2d",
     "clip_by_value", "clip", "clamp", "clip_by_scalar",     # OneFlow's other names of flow.math.clip_by_value
     # variables, checkpoints and initializers
     "get_variable", "get_all_variables", "load_variables",

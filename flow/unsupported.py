@@ -86,7 +86,7 @@ UNSUPPORTED: dict[str, str] = {
                                      "same_padding", "sleep_identity", "math.reduced_shape_elem_cnt")},
     **{name: _NOT_YET for name in (
         "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "ctc_loss",
-        "constant_pad2d", "reflection_pad2d", "replication_pad2d", "diag",
+        "diag",
         "nn.random_mask_like", "nn.torch_conv2d_transpose", "math.fused_scale_tril",
         "nn.fused_scale_tril", "count_not_finite", "multi_count_not_finite", "train.SimpleCheckPointManager",
         "elem_cnt", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},

@@ -158,3 +158,32 @@ def test_norm_and_shuffle_arguments_are_checked():
         return flow.nn.PixelShuffle(x, upscale_factor=2)
     with pytest.raises(TraceError, match="C divisible by 2 \\* 2"):
         bad_shuffle(np.zeros((2, 6, 3, 2), np.float32))
+
+
+def test_pad2d_against_numpy():
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+
+    @flow.global_function()
+    def padded(x: tp.Numpy.Placeholder((2, 3, 4, 5))) -> typing.Tuple[(tp.Numpy,) * 4]:
+        return (flow.reflection_pad2d(x, padding=[2, 4, 3, 1]), flow.replication_pad2d(x, padding=[4, 0, 1, 3]),
+                flow.constant_pad2d(x, padding=2, constant_value=1.5), flow.reflection_pad2d(x, padding=1))
+    reflected, replicated, constant, one = padded(x)
+    np.testing.assert_array_equal(reflected, np.pad(x, ((0, 0), (0, 0), (3, 1), (2, 4)), mode="reflect"))
+    np.testing.assert_array_equal(replicated, np.pad(x, ((0, 0), (0, 0), (1, 3), (4, 0)), mode="edge"))
+    np.testing.assert_array_equal(constant, np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2)), constant_values=1.5))
+    np.testing.assert_array_equal(one, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect"))
+
+
+@pytest.mark.parametrize("pad", ["reflection", "replication"])
+def test_pad2d_gradients_against_finite_differences(pad):
+    x = rng.standard_normal((1, 2, 3, 4))
+    function = getattr(flow, f"{pad}_pad2d")
+    finite_difference_check(lambda x: function(x, padding=[3, 2, 2, 1]), [x])
+
+
+def test_pad2d_padding_must_be_smaller_than_the_axis():
+    @flow.global_function()
+    def too_wide(x: tp.Numpy.Placeholder((1, 1, 3, 3))) -> tp.Numpy:
+        return flow.reflection_pad2d(x, padding=[3, 0, 0, 0])
+    with pytest.raises(TraceError, match=r"padding \[3, 0, 0, 0\] must be >= 0 and smaller than the width 3"):
+        too_wide(np.zeros((1, 1, 3, 3), np.float32))
