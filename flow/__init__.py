@@ -47,7 +47,8 @@ from flow.margin_loss import combined_margin_loss
 from flow.nd_indexing import dim_gather, gather_nd, scatter_nd, tensor_scatter_nd_add, tensor_scatter_nd_update
 from flow.pad2d import constant_pad2d, reflection_pad2d, replication_pad2d
 from flow.user_ops import consistent_user_op_builder, user_op_builder
-from flow.more_ops import (argsort, current_global_function_desc, device_prior_placement, dtypes, name_scope,
+from flow.more_ops import (argsort, count_not_finite, current_global_function_desc, device_prior_placement, dtypes,
+                           elem_cnt, multi_count_not_finite, name_scope,
                            parallel_cast, range, smooth_l1_loss, sort)
 
 float = float32        # noqa: A001 - OneFlow's name
@@ -92,6 +93,7 @@ __all__ = [
     "deprecated", "linalg", "sbp", "in_top_k", "unsorted_batch_segment_sum", "unsorted_segment_sum",
     "unsorted_segment_sum_like", "argsort", "device_prior_placement", "dtypes", "name_scope", "range",
     "smooth_l1_loss", "sort", "parallel_cast", "current_global_function_desc", "combined_margin_loss",
+    "count_not_finite", "multi_count_not_finite", "elem_cnt",
 ]
 
 __version__ = "0.1.0"

@@ -428,6 +428,17 @@ def tril(x, diagonal: int = 0, fill_value=0, name: str | None = None) -> Blob:
     return emit("where", [keep, x, as_blob(fill_value, x, api)], name=name or "", api=api)
 
 
+def fused_scale_tril(x, diagonal: int = 0, fill_value=0, scale=1, name: str | None = None) -> Blob:
+    """`flow.math.fused_scale_tril(x, diagonal=0, fill_value=0, scale=1)`: `tril(x * scale, diagonal,
+    fill_value)` (the fill is not scaled), OneFlow's fused form of an attention mask.
+
+    Example:
+        masked = flow.math.fused_scale_tril(scores, fill_value=float("-inf"), scale=0.125)
+    """
+    x = check_blob(x, "flow.math.fused_scale_tril", "x")
+    return tril(x * scale, diagonal, fill_value, name)
+
+
 def in_top_k(targets, predictions, k: int, name: str | None = None) -> Blob:
     """`flow.math.in_top_k(targets, predictions, k)`: int8 1 where `predictions[i, targets[i]]` is
     among the k largest of row i, else 0.  Ties count in (fewer than k values are strictly larger),

@@ -119,6 +119,54 @@ def smooth_l1_loss(prediction, label, beta: float = 1.0, name: str | None = None
     return indexing.where(d < beta, math.square(d) * (0.5 / beta), d - 0.5 * beta, name=name)
 
 
+def count_not_finite(x, name: str | None = None) -> Blob:
+    """`flow.count_not_finite(x)`: how many elements of x are NaN or infinite, an int64 Blob of shape (1,).
+
+    Example:
+        bad = flow.count_not_finite(grad)
+    """
+    from flow import math
+    api = "flow.count_not_finite"
+    x = check_blob(x, api, "x")
+    # x - x is 0 for a finite x and NaN for NaN and the infinities (flowc never folds it: IEEE-exact)
+    flags = emit("cast", [emit("not_equal", [x - x, emit("constant", [], {"value": 0, "shape": (),
+                                                                             "dtype": x.type.dtype}, api=api)],
+                               api=api)], {"dtype": "int64"}, api=api)
+    return math.reduce_sum(flags, name=name)
+
+
+def multi_count_not_finite(x=None, name: str | None = None) -> Blob:
+    """`flow.multi_count_not_finite([a, b, ...])`: the NaN and infinite elements of every Blob, counted
+    together (int64, shape (1,)).
+
+    Example:
+        bad = flow.multi_count_not_finite([grad_w, grad_b])
+    """
+    from flow import math
+    api = "flow.multi_count_not_finite"
+    if not isinstance(x, (list, tuple)) or not x:
+        raise TraceError(f"{user_location()}: {api}: x must be a non-empty list of Blobs, got {x!r}")
+    counts = [count_not_finite(check_blob(b, api, f"x[{i}]")) for i, b in enumerate(x)]
+    return counts[0] if len(counts) == 1 and name is None else math.add_n(counts, name=name)
+
+
+def elem_cnt(inputs, dtype=None, name: str | None = None) -> Blob:
+    """`flow.elem_cnt(inputs, dtype=None)`: the number of elements of `inputs`, a Blob of shape (1,)
+    (int32 unless `dtype` says otherwise, as OneFlow's shape_elem_cnt op); on several ranks, of the
+    logical Blob.
+
+    Example:
+        n = flow.elem_cnt(x)       # x (4, 5): [20]
+    """
+    api = "flow.elem_cnt"
+    x = check_blob(inputs, api, "inputs")
+    count = 1
+    for d in x.shape:
+        count *= d
+    out_dtype = "int32" if dtype is None else dtype_name(dtype)
+    return emit("constant", [], {"value": count, "shape": (1,), "dtype": out_dtype}, name=name or "", api=api)
+
+
 def dtypes() -> list:
     """`flow.dtypes()`: every data type object flowc knows (`flow.float32`, `flow.int8`, ...).
 

@@ -738,6 +738,16 @@ def tril(x, diagonal: int = 0, fill_value=0, name: str | None = None) -> Blob:
     return math_tril(x, diagonal, fill_value, name)
 
 
+def fused_scale_tril(x, diagonal: int = 0, fill_value=0, scale=1, name: str | None = None) -> Blob:
+    """`flow.nn.fused_scale_tril`, the same as `flow.math.fused_scale_tril`.
+
+    Example:
+        masked = flow.nn.fused_scale_tril(scores, fill_value=float("-inf"), scale=0.125)
+    """
+    from flow.math import fused_scale_tril as math_fused_scale_tril
+    return math_fused_scale_tril(x, diagonal, fill_value, scale, name)
+
+
 def _reduce_loss(loss: Blob, reduction: str, api: str, name: str | None) -> Blob:
     from flow import math
     if reduction == "mean":

@@ -434,3 +434,20 @@ def test_pool3d_strides_none_is_one_on_every_axis():
     got = pool(x)
     want = np.maximum(np.maximum(x[..., :-1, :-1], x[..., 1:, :-1]), np.maximum(x[..., :-1, 1:], x[..., 1:, 1:]))
     np.testing.assert_array_equal(got, want)
+
+
+def test_count_not_finite_elem_cnt_and_fused_scale_tril_against_numpy():
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    x[0, 1], x[2, 3], x[1, 0] = np.nan, np.inf, -np.inf
+    y = np.array([1.0, np.nan], np.float32)
+
+    @flow.global_function()
+    def numerics(x: tp.Numpy.Placeholder((3, 4)), y: tp.Numpy.Placeholder((2,))) -> typing.Tuple[(tp.Numpy,) * 6]:
+        return (flow.count_not_finite(x), flow.multi_count_not_finite([x, y]), flow.count_not_finite(y * 0.0 + 1.0),
+                flow.elem_cnt(x), flow.elem_cnt(y, dtype=flow.int64),
+                flow.math.fused_scale_tril(flow.math.abs(x) + 1.0, diagonal=1, fill_value=-2.0, scale=3.0))
+    one, both, after_nan, count, count64, tril = numerics(x, y)
+    assert one.dtype == np.int64 and one.tolist() == [3] and both.tolist() == [4] and after_nan.tolist() == [1]
+    assert count.tolist() == [12] and count.dtype == np.int32 and count64.dtype == np.int64 and count64[0] == 2
+    want = np.where(np.arange(4)[None, :] - np.arange(3)[:, None] <= 1, (np.abs(x) + 1) * 3, -2.0)
+    np.testing.assert_allclose(tril, want, rtol=1e-6)
