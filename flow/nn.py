@@ -9,6 +9,7 @@ from flow.math import relu as _relu
 from flow.conv3d import conv3d  # noqa: F401 - OneFlow has it under flow.nn
 from flow.instance_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d  # noqa: F401 - OneFlow's names
 from flow.pixel_shuffle import PixelShuffle, PixelShufflev2  # noqa: F401 - OneFlow has them under flow.nn
+from flow.torch_conv import torch_conv2d_transpose  # noqa: F401 - OneFlow has it under flow.nn
 
 
 def relu(x, name: str | None = None) -> Blob:

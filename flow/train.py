@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flowc.runtime import checkpoint as _impl
 from flowc.runtime.session import default_session
+from flow.checkpoint_manager import SimpleCheckPointManager  # noqa: F401 - OneFlow has it under flow.train
 
 
 class CheckPoint:

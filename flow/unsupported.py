@@ -86,8 +86,7 @@ UNSUPPORTED: dict[str, str] = {
                                      "same_padding", "sleep_identity", "math.reduced_shape_elem_cnt")},
     **{name: _NOT_YET for name in (
         "categorical_ordinal_encode", "layers.categorical_ordinal_encoder", "ctc_loss", "diag",
-        "nn.random_mask_like", "nn.torch_conv2d_transpose", "train.SimpleCheckPointManager", "nn.unfold1d",
-        "nn.unfold2d", "nn.unfold3d")},
+        "nn.random_mask_like", "nn.unfold1d", "nn.unfold2d", "nn.unfold3d")},
     **{name: _MICRO_BATCHES for name in ("repeat", "acc", "pack", "unpack")},
     "optimizer.CombinedOptimizer": "several optimizers over disjoint variables in one job; give each optimizer "
                                    "its `variables` in a train job of its own",
