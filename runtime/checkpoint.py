@@ -425,6 +425,14 @@ def remove_dead_temp_folders(parent: str) -> list[str]:
 
 
 def _check_fresh(path: str) -> None:
+    base = os.path.basename(path)
+    extra = len(_temp_folder_name("").encode("utf-8", "surrogateescape"))
+    size = len(base.encode("utf-8", "surrogateescape"))
+    if size + extra > FILE_NAME_MAX_BYTES:
+        # the save writes `.<name>.saving-<host>-<pid>-<hex>` first: say so here, not with the OS's error
+        raise CheckpointError(f"checkpoint {shorten_name(path)}: its folder name is {size} bytes long; a save first "
+                              f"writes a temporary folder {extra} bytes longer, so the name may have at most "
+                              f"{FILE_NAME_MAX_BYTES - extra} bytes (the file name limit is {FILE_NAME_MAX_BYTES})")
     if os.path.isdir(path):
         if os.listdir(path):
             raise CheckpointError(f"checkpoint {path}: the folder exists and is not empty; save into a new "

@@ -356,3 +356,15 @@ def test_save_before_first_call_keeps_loaded_values(tmp_path):
     flow.clear_default_session()
     flow.train.CheckPoint().load(tmp_path / "b")
     assert make_small_job()(x).tobytes() == expected.tobytes()
+
+
+def test_a_checkpoint_folder_name_too_long_for_the_save_is_a_clear_error(tmp_path):
+    # the save writes `.<name>.saving-<host>-<pid>-<hex>` first: a 250-byte name fits the limit, that does not
+    too_long = tmp_path / ("m" * 250)
+    with pytest.raises(ckpt.CheckpointError, match="its folder name is 250 bytes long; a save first writes a "
+                                                   "temporary folder"):
+        flow.checkpoint.save(str(too_long), {"w": np.ones(3, np.float32)})
+    assert not too_long.exists() and not os.listdir(tmp_path)
+    fits = tmp_path / ("m" * 100)
+    flow.checkpoint.save(str(fits), {"w": np.ones(3, np.float32)})
+    assert (fits / "w" / "out").exists()
