@@ -70,8 +70,8 @@ def watch_scope(blob_watcher: dict | Callable | None = None,
     of every Blob made inside the block, as `flow.watch` / `flow.watch_diff` would, once each.  A dict
     receives `{"<op name>/out": {"blob": value, "blob_def": blob}}` after each step (the value a
     LocalBlob: `.numpy()`; two ops of one name: the second is keyed by its `logical_blob_name`); a
-    function is called as `f(value, blob)`.  Gradients come only for the
-    Blobs the loss reaches through a trainable variable; the others are left out without a warning.
+    function is called as `f(value, blob)`.  Gradients come only for the Blobs the loss reaches
+    through a trainable variable; the others are left out without a warning.
 
     Example:
         values, diffs = {}, {}
@@ -100,12 +100,14 @@ class _WatchScope:
     def __init__(self, ctx, blob_watcher: dict | Callable | None, diff_blob_watcher: dict | Callable | None) -> None:
         self.ctx, self.blob_watcher, self.diff_blob_watcher = ctx, blob_watcher, diff_blob_watcher
         self.keys: dict[int, str] = {}        # Blob id -> its key in the dicts
+        self.used: set[str] = set()            # the keys given so far (a block may make thousands of Blobs)
 
     def watch_once(self, blob: Blob) -> None:
         if blob.id in self.keys or blob.ctx is not self.ctx:
             return
         key = f"{blob.op_name}/out"               # OneFlow's unique_name: the op's name and its output's
-        self.keys[blob.id] = blob.logical_blob_name if key in self.keys.values() else key
+        self.keys[blob.id] = key = blob.logical_blob_name if key in self.used else key
+        self.used.add(key)
         loc = user_location()
         for kind, watcher in (("value", self.blob_watcher), ("diff", self.diff_blob_watcher)):
             if watcher is not None:
