@@ -76,8 +76,9 @@ def conv3d(input, filters, strides, padding, data_format: str = "NCDHW", dilatio
         total = part if total is None else total + part
     assert total is not None
     y = emit("reshape", [total], {"shape": (n, depth_out, w.shape[0], total.shape[2], total.shape[3])}, api=api)
-    y = emit("transpose", [y], {"perm": (0, 2, 1, 3, 4)}, name=name or "", api=api)
-    return emit("transpose", [y], {"perm": (0, 2, 3, 4, 1)}, api=api) if data_format in _CHANNELS_LAST else y
+    if data_format in _CHANNELS_LAST:       # (N, depth_out, O, H, W) -> NDHWC; the returned op carries the name
+        return emit("transpose", [y], {"perm": (0, 1, 3, 4, 2)}, name=name or "", api=api)
+    return emit("transpose", [y], {"perm": (0, 2, 1, 3, 4)}, name=name or "", api=api)
 
 
 def conv3d_layer(inputs, filters: int, kernel_size=1, strides=1, padding="VALID", data_format: str = "NCDHW",
