@@ -261,8 +261,10 @@ def group_optimizer_updates(graph: Graph, kernels: list[Kernel], log: FusionLog)
         return kernels
     merged = Kernel("optimizer_update", "pointwise", loops=[loop for k in updates for loop in k.loops])
     log.fused.append(f"{len(updates)} update loops in one kernel")
-    first = kernels.index(updates[0])
-    rest = [k for k in kernels if k not in updates]
+    # by identity: Kernel is a dataclass, and comparing thousands of them field by field was quadratic
+    chosen = {id(k) for k in updates}
+    first = next(i for i, k in enumerate(kernels) if k is updates[0])
+    rest = [k for k in kernels if id(k) not in chosen]
     return rest[:first] + [merged] + rest[first:]
 
 

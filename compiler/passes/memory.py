@@ -40,6 +40,17 @@ def plan_inplace(graph: Graph, kernels: list[Kernel]) -> tuple[dict[int, str], l
     owner = {n: k for k in kernels for n in k.nodes()}
     roots = view_roots(graph)
     users = graph.consumers()
+    # each variable's nodes, and the views of them (in view_roots' order): one pass over the graph,
+    # not one per assign (a model with thousands of variables and optimizer states)
+    var_nodes_of: dict[str, list[int]] = {}
+    for n in graph.nodes:
+        if n.op == "variable":
+            var_nodes_of.setdefault(n.attr("name"), []).append(n.id)
+    name_of = {node: name for name, nodes in var_nodes_of.items() for node in nodes}
+    views_of: dict[str, list[int]] = {}
+    for view, root in roots.items():
+        if root in name_of:
+            views_of.setdefault(name_of[root], []).append(view)
     inplace: dict[int, str] = {}
     copy_back: list[tuple[int, str]] = []
     notes: list[str] = []
@@ -53,9 +64,8 @@ def plan_inplace(graph: Graph, kernels: list[Kernel]) -> tuple[dict[int, str], l
         elif value in inplace:
             reason = f"the value is already written into {inplace[value]}"
         else:
-            var_nodes = [n.id for n in graph.nodes if n.op == "variable" and n.attr("name") == var]
-            readers = [c for v in var_nodes for c in users[v]] + \
-                      [c for r, root in roots.items() if root in var_nodes for c in users[r]]
+            readers = [c for v in var_nodes_of.get(var, []) for c in users[v]] + \
+                      [c for r in views_of.get(var, []) for c in users[r]]
             for c in readers:
                 if c in k.members:
                     if OPS[graph.node(c).op].input_strides or graph.node(c).type.shape != graph.variables[var].shape:
