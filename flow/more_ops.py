@@ -129,9 +129,7 @@ def count_not_finite(x, name: str | None = None) -> Blob:
     api = "flow.count_not_finite"
     x = check_blob(x, api, "x")
     # x - x is 0 for a finite x and NaN for NaN and the infinities (flowc never folds it: IEEE-exact)
-    flags = emit("cast", [emit("not_equal", [x - x, emit("constant", [], {"value": 0, "shape": (),
-                                                                             "dtype": x.type.dtype}, api=api)],
-                               api=api)], {"dtype": "int64"}, api=api)
+    flags = emit("cast", [math.not_equal(x - x, 0)], {"dtype": "int64"}, api=api)
     return math.reduce_sum(flags, name=name)
 
 
